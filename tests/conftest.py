@@ -1,0 +1,10 @@
+"""Shared test setup: the repo root on sys.path, and the `integration` marker's meaning."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))

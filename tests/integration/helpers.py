@@ -1,0 +1,30 @@
+"""Helpers for integration tests: run the CLI as a user would, and find leftover engine/Ray processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LEAK_PATTERN = "VLLM::EngineCore|VLLM::Worker|EngineCore|ray::|raylet|gcs_server"
+
+
+def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python -m tuner ARGS` in the repo root, with output captured."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def leftover_processes(wait_s: float = 20.0) -> list[str]:
+    """vLLM engine or Ray processes still alive after `wait_s` seconds of grace (empty list: none)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = subprocess.run(["pgrep", "-af", LEAK_PATTERN], capture_output=True, text=True).stdout
+        lines = [line for line in found.splitlines() if "pgrep" not in line]
+        if not lines or time.monotonic() > deadline:
+            return lines
+        time.sleep(1)

@@ -1,0 +1,98 @@
+"""A short real search, run as a user runs it: real vLLM CPU engines in Ray actors, Ray Tune with Optuna
+and ASHA, MLflow in SQLite. Asserts what issue "End-to-end search" asks of the embedded-default run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import ROOT, leftover_processes, run_cli
+
+pytestmark = pytest.mark.integration
+
+STATUSES = {"completed", "early_stopped", "infeasible"}
+
+
+def _search(tmp_path, config: str, name: str):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_cli("search", "--config", str(ROOT / "tests" / "fixtures" / config), "--name", name,
+                     "--tracking-uri", uri)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    parents = [r for r in runs if r.data.tags.get("run_kind") == "search"]
+    assert len(parents) == 1
+    parent = parents[0]
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    return result, client, parent, trials
+
+
+def test_short_search_records_every_trial_and_the_front(tmp_path):
+    result, client, parent, trials = _search(tmp_path, "search-short.yaml", "e2e-short")
+    assert "Pareto-optimal configs" in result.stdout
+    assert "step 1 (1x" in result.stdout, "progress lines are printed while the search runs"
+
+    # Parent: SLO, provenance and the search config recorded; the front and its plot attached.
+    assert parent.data.params["slo"] == "ttft:p95<1s; tpot:p95<50ms"
+    assert parent.info.status == "FINISHED"
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"pareto.json", "pareto.png", "search_config.yaml", "workload.json", "trials.json"} <= artifacts
+    pareto = json.loads(open(client.download_artifacts(parent.info.run_id, "pareto.json",
+                                                       str(tmp_path))).read())
+    workload = json.loads(open(client.download_artifacts(parent.info.run_id, "workload.json",
+                                                         str(tmp_path))).read())
+    assert workload["sha256"] and workload["format"] == "canonical"
+
+    # Every trial: a nested run with its params, a status tag and a reason.
+    assert len(trials) == 4
+    statuses = [t.data.tags["trial_status"] for t in trials]
+    assert set(statuses) <= STATUSES
+    assert "completed" in statuses or "early_stopped" in statuses
+    for trial in trials:
+        assert {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "num_replicas"} <= \
+            set(trial.data.params)
+        assert trial.data.tags["status_reason"]
+        assert trial.info.status in ("FINISHED", "FAILED")
+        if trial.data.tags["trial_status"] == "infeasible":
+            continue
+        # Metrics per load step, with step = load_step.
+        history = client.get_metric_history(trial.info.run_id, "slo_headroom")
+        assert [m.step for m in history] == list(range(1, len(history) + 1))
+        for key in ("capacity_rps_per_accel", "ref_ttft_p95_s", "ttft_p95_s", "tpot_p95_s", "itl_p95_s",
+                    "e2e_p99_s", "goodput_rps", "slo_attainment", "output_tok_s", "send_lag_p99_s",
+                    "offered_rps", "achieved_rps", "failed_requests"):
+            assert key in trial.data.metrics, key
+    # The baseline (two replicas) ran first, and load was per accelerator.
+    baseline = [t for t in trials if t.data.params["num_replicas"] == "2"
+                and t.data.params["max_num_seqs"] == "32"]
+    assert baseline, "the baseline point is evaluated"
+    first = client.get_metric_history(baseline[0].info.run_id, "offered_rps")
+    assert first and first[0].value == pytest.approx(2 * 5.313, rel=0.01)
+
+    # The front holds non-dominated, comparable trials only.
+    front = pareto["trials"]
+    assert front and all(row["status"] in ("completed", "early_stopped") for row in front)
+    for a in front:
+        for b in front:
+            better = (b["metrics"]["capacity_rps_per_accel"] >= a["metrics"]["capacity_rps_per_accel"]
+                      and b["metrics"]["ref_ttft_p95_s"] <= a["metrics"]["ref_ttft_p95_s"])
+            strictly = (b["metrics"]["capacity_rps_per_accel"] > a["metrics"]["capacity_rps_per_accel"]
+                        or b["metrics"]["ref_ttft_p95_s"] < a["metrics"]["ref_ttft_p95_s"])
+            assert not (better and strictly), "a front member is dominated"
+
+    assert leftover_processes() == []
+
+
+def test_search_on_an_imported_production_trace(tmp_path):
+    result, client, parent, trials = _search(tmp_path, "search-azure.yaml", "e2e-azure")
+    workload = json.loads(open(client.download_artifacts(parent.info.run_id, "workload.json",
+                                                         str(tmp_path))).read())
+    assert workload["format"] == "azure"
+    assert [t["transforms"] if "transforms" in t else t for t in workload["transforms"]]
+    assert float(parent.data.params["reference_rps"]) == pytest.approx(4.0, rel=0.01)
+    assert len(trials) == 2
+    assert all(t.data.tags["trial_status"] in STATUSES for t in trials)
+    assert leftover_processes() == []

@@ -1,0 +1,76 @@
+"""A small in-process stand-in engine for unit tests of the router, replay and trial logic.
+
+It is never selectable by users: it lives under tests/ only. It models a server that decodes
+`tokens_per_s` tokens per second shared among at most `max_batch` running requests (the rest queue),
+which is enough for load to turn into latency the way it does on a real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
+
+
+class StandInEngine:
+    def __init__(self, tokens_per_s: float = 2000.0, max_batch: int = 8, fail_start: str | None = None,
+                 prefill_tokens_per_s: float = 50_000.0) -> None:
+        self.tokens_per_s = tokens_per_s
+        self.max_batch = max_batch
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.fail_start = fail_start
+        self._slots: asyncio.Semaphore | None = None
+        self.running = 0
+        self.aborted: set[str] = set()
+        self.prefix_resets = 0
+        self.started = False
+        self.shut_down = False
+        self.requests: list[GenerateRequest] = []
+
+    async def start(self) -> dict:
+        if self.fail_start:
+            raise RuntimeError(self.fail_start)
+        self.started = True
+        return {"pid": 0}
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_batch)
+        self.requests.append(request)
+        queued = time.perf_counter()
+        async with self._slots:
+            queue_s = time.perf_counter() - queued
+            self.running += 1
+            try:
+                await asyncio.sleep(len(request.prompt_token_ids) / self.prefill_tokens_per_s)
+                gaps = []
+                last = time.perf_counter()
+                for produced in range(request.output_tokens):
+                    if request.request_id in self.aborted:
+                        yield Finished(request.request_id, produced, tuple(gaps), queue_s)
+                        return
+                    if produced == 0:
+                        yield FirstToken(request.request_id)
+                    else:
+                        # Decode speed is shared among the running requests.
+                        await asyncio.sleep(self.running / self.tokens_per_s)
+                        now = time.perf_counter()
+                        gaps.append(now - last)
+                        last = now
+                yield Finished(request.request_id, request.output_tokens, tuple(gaps), queue_s)
+            finally:
+                self.running -= 1
+
+    async def ping(self) -> float:
+        return time.monotonic()
+
+    async def abort(self, request_ids: list[str]) -> None:
+        self.aborted.update(request_ids)
+
+    async def reset_prefix_cache(self) -> None:
+        self.prefix_resets += 1
+
+    async def shutdown(self) -> None:
+        self.shut_down = True

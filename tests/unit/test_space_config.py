@@ -1,0 +1,90 @@
+"""Search spaces and search configs: the shipped ones load, and bad input is one line naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.config import load_config
+from tuner.errors import ConfigError
+from tuner.space import SPACES_DIR, load_space
+
+KNOWN = {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "enable_chunked_prefill",
+         "enable_prefix_caching", "block_size", "tensor_parallel_size"}
+
+
+@pytest.mark.parametrize("name", ["cpu-smoke", "default", "throughput", "latency"])
+def test_shipped_spaces_load(name):
+    space = load_space(name, known_engine_args=KNOWN)
+    assert "max_num_seqs" in space.tunable
+
+
+def test_define_by_run_honours_constraints():
+    import optuna
+
+    space = load_space(SPACES_DIR / "cpu-smoke.yaml", known_engine_args=KNOWN)
+    study = optuna.create_study(directions=["maximize"], sampler=optuna.samplers.RandomSampler(seed=0))
+    sample = space.define_by_run()
+    for _ in range(50):
+        trial = study.ask()
+        fixed = sample(trial)
+        assert fixed == {"enable_chunked_prefill": True, "enable_prefix_caching": True}
+        assert trial.params["max_num_batched_tokens"] >= trial.params["max_num_seqs"]
+        study.tell(trial, 0.0)
+
+
+def _space(tmp_path, text: str):
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("parameters:\n  max_num_seq: {type: int, low: 1, high: 4}\n",
+     "parameters.max_num_seq: unknown parameter (did you mean 'max_num_seqs'?)"),
+    ("parameters:\n  max_num_seqs: {type: int, low: 8, high: 4}\n",
+     "parameters.max_num_seqs: `low <= high` must hold, but got low=8 and high=4"),
+    ("parameters:\n  num_replicas: {type: categorical, choices: []}\n", "parameters.num_replicas.choices"),
+    ("parameters:\n  max_num_seqs: {type: int, low: 64, high: 128}\n  max_num_batched_tokens: "
+     "{type: int, low: 8, high: 32}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n",
+     "can never hold"),
+    ("parameters:\n  max_num_seqs: {type: int, low: 1, high: 4}\nconstraints: [max_num_seqs > 2]\n",
+     "expected 'PARAM >= PARAM|NUMBER'"),
+])
+def test_bad_spaces_fail_with_one_line_naming_file_and_field(tmp_path, text, expected):
+    path = _space(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_space(path, known_engine_args=KNOWN)
+    message = str(error.value)
+    assert str(path) in message and expected in message and "\n" not in message
+
+
+def test_missing_space_lists_bundled_ones():
+    with pytest.raises(ConfigError, match="bundled: cpu-smoke, default, latency, throughput"):
+        load_space("no-such-space")
+
+
+def test_default_config_loads_and_overrides_apply():
+    config = load_config(None, {"budget.num_samples": 3, "slo": "ttft:p99<1s", "name": None})
+    assert config.budget.num_samples == 3
+    assert config.slo == "ttft:p99<1s"
+    assert config.name == "tiny-default"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("ladder: {factors: [1.0, 2.0], reference_factor: 1.5}\n", "ladder: reference_factor 1.5 is not one of"),
+    ("budget: {num_sample: 3}\n", "budget.num_sample: unknown field"),
+    ("slo: 'ttft:p95<5x'\n", "slo"),
+    ("- just a list\n", "expected a mapping"),
+])
+def test_bad_configs_fail_with_one_line(tmp_path, text, expected):
+    path = tmp_path / "search.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert expected in str(error.value) and str(path) in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,113 @@
+"""The engine protocol that replay and the router need, and the plain records they exchange.
+
+The replay and pool code own this interface; the vLLM actor (`trainables.vllm_engine`) implements it,
+and so does the test stand-in (`tests/stand_in.py`). Nothing here imports vLLM or Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What one replica is asked to generate: exact prompt token ids and an exact output length."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """Streamed by a replica as soon as the first output token exists (the client stamps arrival)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Streamed last: the replica's own view of the request.
+
+    `token_gaps_s` are the gaps between successive output tokens as the replica received them from
+    the engine (len = output tokens - 1), which gives inter-token latency without comparing clocks
+    across processes. `queue_s` is the engine's own queueing time when it reports one.
+    """
+
+    request_id: str
+    output_tokens: int
+    token_gaps_s: tuple[float, ...]
+    queue_s: float | None = None
+    error: str | None = None
+
+
+StreamItem = FirstToken | Finished
+
+
+class Engine(Protocol):
+    """One replica: a started engine that generates, answers pings and shuts down."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
+        """Yield `FirstToken` once (unless the request fails first), then exactly one `Finished`."""
+        ...
+
+    async def ping(self) -> float:
+        """Answer a heartbeat; returns the replica's monotonic clock."""
+        ...
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Stop generating the given requests (unknown ids are ignored)."""
+        ...
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop cached prefixes so the next load step reuses nothing from earlier ones."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop the engine and every process it started."""
+        ...
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """The client's record of one replayed request; all times in seconds from the step's start.
+
+    Latencies count from `sent_s`, the moment the request left the client (its first send, when it was
+    retried). `ok` is False when the request failed or missed the step deadline; `error` says why.
+    """
+
+    index: int
+    scheduled_s: float
+    sent_s: float
+    prompt_tokens: int
+    output_tokens: int
+    first_token_s: float | None
+    finished_s: float | None
+    token_gaps_s: tuple[float, ...] = ()
+    queue_s: float | None = None
+    ok: bool = True
+    error: str | None = None
+    in_warmup: bool = False
+    replica: int = -1
+    retries: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.sent_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_s is None else self.finished_s - self.sent_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first; None for 1-token outputs (undefined)."""
+        if self.finished_s is None or self.first_token_s is None or self.output_tokens < 2:
+            return None
+        return (self.finished_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def send_lag_s(self) -> float:
+        return self.sent_s - self.scheduled_s

@@ -1,0 +1,189 @@
+"""One trial: start a pool for a candidate config, climb the load ladder one step at a time, report.
+
+`TrialRunner` is plain Python over an injected pool factory, so the ladder logic is tested with the
+stand-in engine; `trainables.tune_trainable` adapts it to Ray Tune.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from trainables.ladder import plan_step
+from trainables.pool import EnginePool, error_line
+from trainables.protocol import RequestRecord
+from trainables.replay import replay_step
+from trainables.vllm_engine import EngineSpec
+from tuner.errors import EngineError
+from tuner.metrics import StepSummary, ladder_metrics, summarize_step
+from tuner.slo import parse_slo
+from tuner.workload.records import Workload
+
+log = logging.getLogger(__name__)
+
+# Parameters the pool consumes; every other parameter is a vLLM engine argument.
+POOL_PARAMS = ("num_replicas", "heartbeat_period_s", "heartbeat_timeout_s", "failure_threshold")
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of a search shares: model, workload, ladder, SLO (never a searched value)."""
+
+    model: str
+    workload: Workload
+    reference_rps: float
+    load_factors: tuple[float, ...]
+    slo: str
+    engine_defaults: dict[str, Any] = field(default_factory=dict)
+    on_cpu: bool = True
+    cpu_cores_per_replica: int = 1
+    kv_budget_bytes: int = 64 << 20
+    reference_factor: float = 1.0
+    step_duration_s: float = 20.0
+    warmup_s: float = 3.0
+    deadline_s: float = 20.0
+    penalty_latency_s: float = 60.0
+    vocab_size: int = 4096
+    start_timeout_s: float = 600.0
+    seed: int = 0
+
+    @property
+    def reference_step(self) -> int:
+        """1-based load step that runs at the reference load."""
+        return self.load_factors.index(self.reference_factor) + 1
+
+
+def engine_spec(context: TrialContext, params: dict[str, Any]) -> tuple[EngineSpec, int, int]:
+    """Split a candidate's params into (engine spec, replicas, accelerators per replica).
+
+    On CPU, `gpu_memory_utilization` becomes `kv_cache_memory_bytes` = fraction x KV budget.
+    """
+    args = {"model": context.model, "enforce_eager": True, "skip_tokenizer_init": True,
+            "disable_log_stats": False, "seed": context.seed, **context.engine_defaults}
+    args.update({k: v for k, v in params.items() if k not in POOL_PARAMS})
+    tp = int(args.get("tensor_parallel_size", 1))
+    args.setdefault("distributed_executor_backend", "uni" if tp == 1 else "mp")
+    if context.on_cpu and "gpu_memory_utilization" in args:
+        args["kv_cache_memory_bytes"] = kv_cache_bytes(args.pop("gpu_memory_utilization"),
+                                                       context.kv_budget_bytes)
+    spec = EngineSpec(engine_args=args, cpu_cores=context.cpu_cores_per_replica * tp,
+                      on_cpu=context.on_cpu)
+    return spec, int(params.get("num_replicas", 1)), tp
+
+
+def kv_cache_bytes(fraction: float, budget_bytes: int) -> int:
+    """The CPU stand-in for `gpu_memory_utilization`: that fraction of the KV budget, in bytes."""
+    return int(float(fraction) * budget_bytes)
+
+
+PoolFactory = Callable[[EngineSpec, int], Awaitable[EnginePool]]
+
+
+class TrialRunner:
+    """Runs one candidate over the ladder; `next_step()` returns the metrics dict of each step."""
+
+    def __init__(self, context: TrialContext, params: dict[str, Any], pool_factory: PoolFactory,
+                 trial_id: str = "trial") -> None:
+        self.context = context
+        self.params = dict(params)
+        self.trial_id = trial_id
+        self.spec, self.num_replicas, self.tp = engine_spec(context, params)
+        self.num_accelerators = self.num_replicas * self.tp
+        self.slo = parse_slo(context.slo)
+        self.steps: list[StepSummary] = []
+        self.ref_records: list[RequestRecord] | None = None
+        self.failure: str | None = None
+        self.pool: EnginePool | None = None
+        self.start_s = 0.0
+        self._loop = asyncio.new_event_loop()
+        self._pool_factory = pool_factory
+
+    def start(self) -> None:
+        """Start the pool; a failure is kept as the trial's infeasibility reason, never raised."""
+        began = time.perf_counter()
+        try:
+            self.pool = self._loop.run_until_complete(self._pool_factory(self.spec, self.num_replicas))
+        except EngineError as error:
+            self.failure = str(error)
+        except Exception as error:  # anything else that stops the engine is still an infeasible config
+            self.failure = f"engine failed to start: {error_line(error)}"
+        self.start_s = time.perf_counter() - began
+
+    def next_step(self) -> dict[str, Any]:
+        """Run the next ladder step; the result carries `done` when the trial has nothing left to do."""
+        if self.failure is not None:
+            return self._infeasible_result(self.failure)
+        context = self.context
+        step = len(self.steps) + 1
+        factor = context.load_factors[step - 1]
+        rate = factor * context.reference_rps * self.num_accelerators
+        plan = plan_step(context.workload, rate_rps=rate, duration_s=context.step_duration_s,
+                         warmup_s=context.warmup_s, step_seed=context.seed * 1000 + step,
+                         vocab_size=context.vocab_size)
+        assert self.pool is not None
+        began = time.perf_counter()
+        records = self._loop.run_until_complete(self._run(plan, step))
+        summary = summarize_step(records, self.slo, load_step=step, load_factor=factor,
+                                 offered_rps=rate,
+                                 window_s=context.step_duration_s - context.warmup_s)
+        self.steps.append(summary)
+        if step == context.reference_step:
+            self.ref_records = records
+        crashed = [r.error for r in records if r.error and r.error.startswith("replica ")]
+        if crashed and len(crashed) == len(records):
+            self.failure = f"replicas crashed during step {step}: {crashed[0]}"
+            return self._infeasible_result(self.failure)
+        ladder = ladder_metrics(self.steps, ref_load_step=context.reference_step,
+                                ladder_len=len(context.load_factors),
+                                num_accelerators=self.num_accelerators,
+                                penalty_latency_s=context.penalty_latency_s,
+                                ref_records=self.ref_records)
+        done = not summary.passed or step == len(context.load_factors)
+        if not summary.passed:
+            reason = f"failed step {step} ({factor:g}x, {rate:.2f} rps): {_why(summary)}"
+        elif done:
+            reason = f"passed the whole ladder ({len(context.load_factors)} steps)"
+        else:
+            reason = ""
+        return {**summary.metrics, **ladder, "num_accelerators": float(self.num_accelerators),
+                "engine_start_s": round(self.start_s, 2),
+                "step_wall_s": round(time.perf_counter() - began, 2),
+                "trial_status": "completed" if done else "running", "status_reason": reason,
+                "done": done}
+
+    async def _run(self, plan, step: int) -> list[RequestRecord]:
+        assert self.pool is not None
+        await self.pool.reset_prefix_cache()
+        return await replay_step(self.pool, plan, deadline_s=self.context.deadline_s,
+                                 id_prefix=f"{self.trial_id}-s{step}")
+
+    def _infeasible_result(self, reason: str) -> dict[str, Any]:
+        penalty = self.context.penalty_latency_s
+        return {"load_step": float(max(1, len(self.steps))), "capacity_rps": 0.0,
+                "capacity_rps_per_accel": 0.0, "capacity_censored": 0.0, "slo_pass": 0.0,
+                "slo_headroom": 0.0, "slo_attainment": 0.0, "goodput_rps": 0.0,
+                "ref_ttft_p95_s": penalty, "ref_tpot_p95_s": penalty, "ref_e2e_p95_s": penalty,
+                "num_accelerators": float(self.num_accelerators),
+                "trial_status": "infeasible", "status_reason": reason, "done": True}
+
+    def close(self) -> None:
+        """Shut the pool down (always safe to call, also twice or after a failed start)."""
+        pool, self.pool = self.pool, None
+        try:
+            if pool is not None:
+                self._loop.run_until_complete(pool.shutdown())
+        finally:
+            self._loop.close()
+
+
+def _why(summary: StepSummary) -> str:
+    metrics = summary.metrics
+    failed = int(metrics.get("failed_requests", 0))
+    parts = [f"headroom {metrics.get('slo_headroom', 0):.2f}",
+             f"attainment {metrics.get('slo_attainment', 0):.0%}"]
+    if failed:
+        parts.append(f"{failed} failed requests")
+    return ", ".join(parts)

@@ -1,0 +1,211 @@
+"""The one module that imports vLLM: a replica that hosts one `AsyncLLM` engine and implements `Engine`.
+
+It runs inside a Ray actor (see `trainables.pool`), but nothing here depends on Ray, so the same class
+also runs in-process for tests and benchmarks. On a CPU-only host it claims whole cores for the engine's
+threads (a lock file per core, released when the process dies), so replicas of concurrent trials never
+share a core.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
+from tuner.errors import EngineError
+
+_CORE_LOCK_DIR = Path(os.environ.get("VLLM_TUNER_CORE_LOCKS", "/tmp/vllm-tuner-cores"))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything needed to start one replica: vLLM engine arguments plus how to place it on CPU."""
+
+    engine_args: dict[str, Any]
+    cpu_cores: int = 1
+    on_cpu: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def claim_cores(count: int, lock_dir: Path = _CORE_LOCK_DIR) -> tuple[list[int], list[Any]]:
+    """Lock `count` cores of this process's affinity set; returns the core ids and the held lock files.
+
+    The locks are `flock`s, so they vanish with the process that holds them, however it dies.
+    Raises EngineError when fewer than `count` cores are free.
+    """
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    cores, handles = [], []
+    for core in sorted(os.sched_getaffinity(0)):
+        handle = open(lock_dir / f"core-{core}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        cores.append(core)
+        handles.append(handle)
+        if len(cores) == count:
+            return cores, handles
+    for handle in handles:
+        handle.close()
+    raise EngineError(f"no {count} free CPU core(s) to bind the engine to (all claimed by other replicas)")
+
+
+class VllmEngine:
+    """One replica: a vLLM `AsyncLLM` with exact-length, token-id generation and client-side timing."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self._spec = spec
+        self._engine: Any = None
+        self._core_locks: list[Any] = []
+        self._log_path: Path | None = None
+        self.info: dict[str, Any] = {}
+
+    async def start(self) -> dict[str, Any]:
+        """Build the engine; returns facts about it (pid, bound cores, start seconds).
+
+        Raises EngineError with vLLM's own reason when the engine cannot start.
+        """
+        started = time.perf_counter()
+        os.environ.update(self._spec.env)
+        if self._spec.on_cpu:
+            cores, self._core_locks = claim_cores(self._spec.cpu_cores)
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
+            self.info["cores"] = cores
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # The engine core runs in a child process that inherits stderr: send it to a file so that when
+        # it dies during start-up, vLLM's own reason (not "see root cause above") reaches the trial.
+        self._log_path = Path(tempfile.mkstemp(prefix="vllm-tuner-engine-", suffix=".log")[1])
+        saved_stderr = os.dup(2)
+        try:
+            with open(self._log_path, "w") as log:
+                os.dup2(log.fileno(), 2)
+            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._spec.engine_args))
+        except Exception as error:  # vLLM raises many types; the reason is what matters
+            reason = _reason_from_log(self._log_path) or root_cause(error)
+            self._release_cores()
+            raise EngineError(f"vLLM engine failed to start: {reason}") from None
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+        self.info.update(pid=os.getpid(), start_s=round(time.perf_counter() - started, 2))
+        return self.info
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=request.output_tokens, min_tokens=request.output_tokens,
+                                ignore_eos=True, temperature=0.0, detokenize=False,
+                                output_kind=RequestOutputKind.DELTA)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        produced, gaps, last, queue_s = 0, [], None, None
+        try:
+            async for out in self._engine.generate(prompt, params, request_id=request.request_id):
+                now = time.perf_counter()
+                new = len(out.outputs[0].token_ids) if out.outputs else 0
+                if new:
+                    if last is None:
+                        yield FirstToken(request.request_id)
+                    else:
+                        gaps.append(now - last)
+                    # Tokens that arrive in one chunk arrived together: their gaps are 0.
+                    gaps.extend([0.0] * (new - 1))
+                    last, produced = now, produced + new
+                if out.finished:
+                    stats = out.metrics
+                    if stats is not None and getattr(stats, "scheduled_ts", 0) and stats.queued_ts:
+                        queue_s = max(0.0, stats.scheduled_ts - stats.queued_ts)
+        except Exception as error:
+            yield Finished(request.request_id, produced, tuple(gaps), queue_s, error=root_cause(error))
+            return
+        yield Finished(request.request_id, produced, tuple(gaps), queue_s)
+
+    async def ping(self) -> float:
+        return time.monotonic()
+
+    async def abort(self, request_ids: list[str]) -> None:
+        if self._engine is not None and request_ids:
+            await self._engine.abort(request_ids)
+
+    async def reset_prefix_cache(self) -> None:
+        if self._engine is not None:
+            await self._engine.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+        self._release_cores()
+
+    def _release_cores(self) -> None:
+        if self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
+            self._log_path = None
+        for handle in self._core_locks:
+            handle.close()
+        self._core_locks = []
+
+
+def root_cause(error: BaseException) -> str:
+    """The innermost error's one-line message: what vLLM actually complained about."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[-1] if text else ''}".strip()
+
+
+_ERROR_LINE = re.compile(r"^(?:.*\] )?(?:\(\w+ pid=\d+\) )?((?:\w+\.)*\w*(?:Error|Exception): .+)$")
+
+
+def _reason_from_log(path: Path) -> str | None:
+    """The last `SomethingError: message` line the engine's processes wrote, if any."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    reasons = [m.group(1) for line in lines if (m := _ERROR_LINE.match(line.strip()))]
+    generic = ("Engine core initialization failed", "RuntimeError: Engine core")
+    specific = [r for r in reasons if not any(g in r for g in generic)]
+    return (specific or reasons or [None])[-1]
+
+
+def engine_arg_names() -> set[str]:
+    """Every argument vLLM's engine accepts (the names a search space may pass through)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def vllm_defaults(engine_args: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """What vLLM itself would choose for `names` given `engine_args` (model included) on this host.
+
+    This is the baseline a search compares against. Raises EngineError when vLLM rejects the args
+    (for example a model path it cannot read).
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    try:
+        config = AsyncEngineArgs(**engine_args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+    except Exception as error:
+        raise EngineError(f"vLLM rejected the engine arguments: {root_cause(error)}") from None
+    sources = (config.scheduler_config, config.cache_config, config.parallel_config, config.model_config)
+    out: dict[str, Any] = {}
+    for name in names:
+        for source in sources:
+            if hasattr(source, name):
+                out[name] = getattr(source, name)
+                break
+    return out

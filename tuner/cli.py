@@ -1,0 +1,96 @@
+"""The command line: parse, validate, call one entry point, and turn any TunerError into one red line."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tuner.errors import TunerError
+
+
+class TunerGroup(click.Group):
+    """A click group that prints a TunerError as one line (exit 2) unless --debug asks for the traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except TunerError as error:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.secho(f"error: {error}", fg="red", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=TunerGroup)
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """vllm-tuner: find the vLLM deployment config that sustains your traffic within your SLO."""
+    ctx.ensure_object(dict)["debug"] = debug
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Search config YAML (default: the embedded examples/default.yaml).")
+@click.option("--name", default=None, help="Experiment name (MLflow experiment); overrides `name`.")
+@click.option("--num-samples", type=int, default=None, help="Number of trials; overrides budget.num_samples.")
+@click.option("--time-budget-s", type=float, default=None, help="Stop starting trials after this many seconds.")
+@click.option("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///reports/mlflow.db).")
+@click.option("--address", default=None, help="Existing Ray cluster to run on (else RAY_ADDRESS or local).")
+@click.option("--space", default=None, help="Search space file or bundled name; overrides `space`.")
+@click.option("--slo", default=None, help="SLO string, e.g. 'ttft:p95<2s; tpot:p95<50ms'.")
+@click.option("--model", default=None, help="Model path or Hugging Face id; overrides model.path.")
+@click.option("--workload", default=None, help="Trace file; overrides workload.path.")
+def search(config_path, name, num_samples, time_budget_s, tracking_uri, address, space, slo, model,
+           workload) -> None:
+    """Run a search (on the embedded defaults when no --config is given)."""
+    from tuner.config import load_config
+    from tuner.search import run_search
+
+    config = load_config(config_path, {
+        "name": name, "budget.num_samples": num_samples, "budget.time_budget_s": time_budget_s,
+        "tracking.uri": tracking_uri, "ray.address": address, "space": space, "slo": slo,
+        "model.path": model, "workload.path": workload})
+    outcome = run_search(config, progress=lambda line: print(line, flush=True))
+    print_summary(outcome)
+
+
+def print_summary(outcome) -> None:
+    """The end-of-search table of Pareto-optimal configs, then where everything was recorded."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.width = max(console.width, 150)
+    counts = {s: sum(t.status == s for t in outcome.trials) for s in ("completed", "early_stopped", "infeasible")}
+    console.print(f"\n{len(outcome.trials)} trials in {outcome.wall_s / 60:.1f} min: "
+                  + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
+    table = Table(title="Pareto-optimal configs (capacity per accelerator vs latency at the reference load)")
+    params = sorted({k for t in outcome.pareto for k, v in t.params.items() if not isinstance(v, bool)})
+    for column in ["trial", "status", *params, "capacity rps/accel", "ref ttft p95 s", "ref tpot p95 s"]:
+        table.add_column(column)
+    for trial in outcome.pareto:
+        metrics = trial.metrics
+        censored = " (lower bound)" if metrics.get("capacity_censored") else ""
+        table.add_row(trial.trial_id, trial.status, *[_show(trial.params.get(p)) for p in params],
+                      f"{metrics.get('capacity_rps_per_accel', 0):.2f}{censored}",
+                      f"{metrics.get('ref_ttft_p95_s', 0):.3f}", f"{metrics.get('ref_tpot_p95_s', 0):.4f}")
+    console.print(table)
+    if not outcome.pareto:
+        console.print("no trial passed a load step: nothing is Pareto-optimal (see the trial reasons above)")
+    console.print(f"MLflow: {outcome.tracking_uri}  experiment {outcome.experiment!r}, "
+                  f"parent run {outcome.parent_run_id} (pareto.json, pareto.png)")
+
+
+def _show(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _register_workload() -> None:
+    from tuner.workload.cli import workload
+
+    main.add_command(workload, "workload")
+
+
+_register_workload()

@@ -1,0 +1,35 @@
+"""The one exception tree of vllm-tuner; the CLI turns any of these into a one-line error.
+
+TunerError
+ ├── ConfigError      a search config, search space or SLO string is invalid
+ ├── WorkloadError    a trace file cannot be read or is empty after filtering
+ ├── EngineError      a vLLM engine would not start or crashed
+ ├── TrackingError    MLflow holds no usable record for the request
+ └── ExportError      no trial can be exported
+"""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """Root of every error the tool raises on purpose."""
+
+
+class ConfigError(TunerError):
+    """A search config, search space, SLO string or CLI option is invalid."""
+
+
+class WorkloadError(TunerError):
+    """A trace file is malformed, of an unknown format, or empty after filtering."""
+
+
+class EngineError(TunerError):
+    """A vLLM engine failed to start, crashed, or timed out."""
+
+
+class TrackingError(TunerError):
+    """The tracking store has no usable record for what was asked."""
+
+
+class ExportError(TunerError):
+    """No trial can be exported (none feasible, or none meets the SLO)."""

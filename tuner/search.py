@@ -1,0 +1,354 @@
+"""Runs a search: Ray Tune with OptunaSearch (multi-objective) and ASHA over pool trials, tracked in MLflow.
+
+`prepare()` validates everything and builds the trial context without starting Ray or an engine;
+`run_search()` then runs the Tuner, records every trial, and computes the Pareto front itself from
+comparable metrics (never from Optuna's view, which counts stopped trials as complete).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
+from tuner.errors import ConfigError
+from tuner.pareto import non_dominated
+from tuner.space import POOL_PARAMS, SearchSpace, load_space
+from tuner.tracking import TrialOutcome, TrialTracker, client_for, default_tracking_uri, start_parent_run
+from tuner.workload.formats import load_workload
+from tuner.workload.records import Workload
+from tuner.workload.transforms import TransformSpec, apply_transforms
+
+# Metrics the trainable reports every step; objectives and the ASHA metric must be among them.
+REPORTED_METRICS = {
+    "load_step", "load_factor", "offered_rps", "achieved_rps", "capacity_rps", "capacity_rps_per_accel",
+    "capacity_censored", "slo_pass", "slo_headroom", "slo_attainment", "goodput_rps", "output_tok_s",
+    "failed_requests", "send_lag_p99_s", "ref_ttft_p95_s", "ref_tpot_p95_s", "ref_e2e_p95_s",
+} | {f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e", "queue")
+     for s in ("mean", "p50", "p90", "p95", "p99")}
+
+
+@dataclass
+class PreparedSearch:
+    """Everything validated and resolved, before Ray starts."""
+
+    config: SearchConfig
+    space: SearchSpace
+    workload: Workload
+    model_path: str
+    tracking_uri: str
+    reference_rps: float
+    baseline: dict[str, Any]
+    vocab_size: int
+    on_cpu: bool
+
+
+@dataclass
+class SearchOutcome:
+    """The result of a search: every trial's outcome and the Pareto-optimal ones."""
+
+    experiment: str
+    parent_run_id: str
+    tracking_uri: str
+    trials: list[TrialOutcome]
+    pareto: list[TrialOutcome]
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare(config: SearchConfig, *, tracking_uri: str | None = None, device_has_gpu: bool | None = None
+            ) -> PreparedSearch:
+    """Validate the config against the space, the workload, the model and vLLM's own arguments.
+
+    Raises ConfigError / WorkloadError / EngineError with one line naming what is wrong.
+    """
+    from trainables.vllm_engine import engine_arg_names, vllm_defaults
+    from tuner.tiny_model import ensure_tiny_model
+
+    for objective in config.objectives:
+        if objective.metric not in REPORTED_METRICS:
+            raise ConfigError(f"objectives: {objective.metric!r} is not a reported metric")
+    if config.asha.metric not in REPORTED_METRICS:
+        raise ConfigError(f"asha.metric: {config.asha.metric!r} is not a reported metric")
+    if config.model.path is None:
+        model_path = str(ensure_tiny_model())
+    else:
+        model_path = config.model.path
+        if (model_path.startswith((".", "/", "~")) or os.sep in model_path and
+                not _looks_like_hub_id(model_path)) and not Path(model_path).expanduser().exists():
+            raise ConfigError(f"model.path: {model_path} does not exist")
+    workload = load_workload(config.workload.path or BUNDLED_WORKLOAD, config.workload.format,
+                             time_unit=config.workload.time_unit, seed=config.seed)
+    transforms = config.workload.transforms
+    if transforms.max_model_len is None:
+        # Requests longer than the model's context are clipped (counted in provenance), never sent.
+        transforms = TransformSpec(**{**transforms.model_dump(), "max_model_len": config.model.max_model_len})
+    workload = apply_transforms(workload, transforms)
+    space = load_space(config.space, known_engine_args=engine_arg_names())
+    on_cpu = config.hardware.device == "cpu" or (config.hardware.device == "auto" and not device_has_gpu)
+    fixed_args = {"model": model_path, "max_model_len": config.model.max_model_len,
+                  "skip_tokenizer_init": True, **config.model.engine_args}
+    if isinstance(space.baseline, dict):
+        baseline = dict(space.baseline)
+    else:
+        engine_names = [n for n in space.tunable if n not in POOL_PARAMS]
+        baseline = vllm_defaults(fixed_args, engine_names)
+        if "num_replicas" in space.tunable:
+            baseline["num_replicas"] = 1
+    baseline = {k: v for k, v in baseline.items() if k in space.tunable}
+    vocab_size = _vocab_size(model_path)
+    return PreparedSearch(config=config, space=space, workload=workload, model_path=model_path,
+                          tracking_uri=tracking_uri or config.tracking.uri or default_tracking_uri(REPO_ROOT),
+                          reference_rps=config.workload.reference_rps or workload.mean_rate_rps,
+                          baseline=baseline, vocab_size=vocab_size, on_cpu=on_cpu)
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    return text.count("/") == 1 and not text.startswith((".", "/", "~"))
+
+
+def _vocab_size(model_path: str) -> int:
+    config_file = Path(model_path).expanduser() / "config.json"
+    if config_file.exists():
+        return int(json.loads(config_file.read_text()).get("vocab_size", 32000))
+    return 32000
+
+
+def run_search(config: SearchConfig, *, tracking_uri: str | None = None, address: str | None = None,
+               progress: Callable[[str], None] = print) -> SearchOutcome:
+    """Run the whole search and return its outcome; Ray is always shut down, engines always stopped."""
+    import ray
+
+    started = time.monotonic()
+    address = address or config.ray.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        _bind_ray_to_loopback()
+    # Orphans of a killed replica (vLLM's EngineCore) are reaped by the raylet, not left running.
+    os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: our progress lines only
+    progress("validating the config, the search space and the workload ...")
+    prepared = prepare(config, tracking_uri=tracking_uri, device_has_gpu=_has_gpu())
+    runtime_env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+                                "TOKENIZERS_PARALLELISM": "false"}}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, runtime_env=runtime_env,
+                 log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
+    try:
+        return _run(prepared, progress, started)
+    finally:
+        ray.shutdown()
+
+
+def _bind_ray_to_loopback() -> None:
+    """Make a local Ray listen on 127.0.0.1 only.
+
+    On Linux Ray resolves a loopback `_node_ip_address` to the routable address, and every gRPC server
+    then binds all interfaces, unless Ray runs in its single-node mode (the macOS/Windows default),
+    which this variable selects. It is read when `ray` is imported, hence the fallback on the constant.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import sys
+
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _check_placeable(prepared: PreparedSearch) -> None:
+    """A candidate whose resources no node has is an up-front error, never a trial pending forever."""
+    import ray
+
+    config, space = prepared.config, prepared.space
+    replicas = _largest(space, "num_replicas", 1)
+    tp = _largest(space, "tensor_parallel_size", 1)
+    per_replica = {"CPU": config.hardware.cpu_cores_per_replica * (tp if prepared.on_cpu else 1)}
+    if not prepared.on_cpu:
+        per_replica["GPU"] = tp
+    total = ray.cluster_resources()
+    for resource, amount in per_replica.items():
+        need = amount * replicas
+        if total.get(resource, 0) < need:
+            raise ConfigError(f"search space {config.space}: num_replicas={replicas} needs {need:g} {resource}"
+                              f" but the Ray cluster has {total.get(resource, 0):g}")
+
+
+def _largest(space: SearchSpace, name: str, default: int) -> int:
+    spec = space.parameters.get(name)
+    if spec is None:
+        return default
+    if isinstance(spec, (int, float)):
+        return int(spec)
+    if hasattr(spec, "choices"):
+        return int(max(spec.choices))
+    return int(spec.high)
+
+
+def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: float) -> SearchOutcome:
+    import ray
+    from optuna.samplers import TPESampler
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    from trainables.trial import TrialContext
+    from trainables.tune_trainable import PoolTrial, trial_resources
+
+    config = prepared.config
+    _check_placeable(prepared)
+    # Tune keeps one trial pending at a time when a searcher is used, and a trial stays pending while
+    # its engines start (tens of seconds): allow as many pending trials as single replicas fit.
+    slots = int(ray.cluster_resources().get("CPU", 1) // config.hardware.cpu_cores_per_replica)
+    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(max(1, min(slots, 8))))
+    ladder = config.ladder
+    context = TrialContext(
+        model=prepared.model_path, workload=prepared.workload, reference_rps=prepared.reference_rps,
+        load_factors=tuple(ladder.factors), reference_factor=ladder.reference_factor, slo=config.slo,
+        engine_defaults={"max_model_len": config.model.max_model_len, **config.model.engine_args},
+        on_cpu=prepared.on_cpu, cpu_cores_per_replica=config.hardware.cpu_cores_per_replica,
+        kv_budget_bytes=int(config.hardware.kv_budget_mib * (1 << 20)),
+        step_duration_s=ladder.step_duration_s, warmup_s=ladder.warmup_s, deadline_s=ladder.deadline_s,
+        penalty_latency_s=config.penalty_latency_s, vocab_size=prepared.vocab_size,
+        start_timeout_s=config.budget.engine_start_timeout_s, seed=config.seed)
+
+    client = client_for(prepared.tracking_uri)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    config_yaml = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    parent = start_parent_run(
+        client, config.name, run_name=f"search-{stamp}",
+        params={"slo": config.slo, "space": config.space, "model": prepared.model_path,
+                "workload": prepared.workload.provenance.get("source"),
+                "reference_rps": round(prepared.reference_rps, 4),
+                "load_factors": ",".join(f"{f:g}" for f in ladder.factors),
+                "num_samples": config.budget.num_samples, "device": "cpu" if prepared.on_cpu else "gpu",
+                "objectives": ",".join(f"{o.mode}:{o.metric}" for o in config.objectives)},
+        tags={"slo": config.slo, "workload_sha256": str(prepared.workload.provenance.get("sha256", ""))},
+        documents={"search_config.yaml": config_yaml,
+                   "search_space.yaml": yaml.safe_dump(prepared.space.model_dump(mode="json"),
+                                                       sort_keys=False),
+                   "workload.json": prepared.workload.provenance,
+                   "baseline.json": prepared.baseline})
+    tracker = TrialTracker(client, config.name, parent, progress=progress,
+                           total_trials=config.budget.num_samples)
+
+    class RecordingASHA(ASHAScheduler):
+        """ASHA that remembers which trials it stopped, so their status says who stopped them."""
+
+        def on_trial_result(self, tune_controller, trial, result):
+            decision = super().on_trial_result(tune_controller, trial, result)
+            if decision == TrialScheduler.STOP and not result.get("done"):
+                tracker.stopped_by_scheduler[trial.trial_id] = (
+                    f"stopped by ASHA after step {int(result.get('load_step', 0))}: "
+                    f"{config.asha.metric} {result.get(config.asha.metric, 0):.2f} in the lower part of its rung")
+            return decision
+
+    reference_step = ladder.factors.index(ladder.reference_factor) + 1
+    scheduler = RecordingASHA(time_attr="load_step", metric=config.asha.metric, mode=config.asha.mode,
+                              max_t=len(ladder.factors), grace_period=config.asha.grace_period or reference_step,
+                              reduction_factor=config.asha.reduction_factor, stop_last_trials=False)
+    startup = max(2, min(10, config.budget.num_samples // 3))
+    searcher = OptunaSearch(space=prepared.space.define_by_run(),
+                            metric=[o.metric for o in config.objectives],
+                            mode=[o.mode for o in config.objectives],
+                            sampler=TPESampler(seed=config.seed, n_startup_trials=startup, multivariate=True),
+                            points_to_evaluate=[prepared.baseline] if prepared.baseline else None)
+    trainable = tune.with_resources(tune.with_parameters(PoolTrial, context=context),
+                                    resources=trial_resources(context))
+    storage = (REPO_ROOT / "reports" / "ray_results").resolve()
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                    num_samples=config.budget.num_samples,
+                                    time_budget_s=config.budget.time_budget_s,
+                                    max_concurrent_trials=config.budget.max_concurrent_trials,
+                                    reuse_actors=False),
+        run_config=tune.RunConfig(name=f"{config.name}-{stamp}", storage_path=str(storage),
+                                  callbacks=[tracker.callback], verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+    progress(f"search {config.name!r}: {config.budget.num_samples} trials, space {config.space}, "
+             f"SLO {config.slo}, ladder {', '.join(f'{f:g}x' for f in ladder.factors)} of "
+             f"{prepared.reference_rps:.2f} rps per accelerator; MLflow {prepared.tracking_uri}")
+    status = "FINISHED"
+    try:
+        tuner.fit()
+    except BaseException:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.close_open_runs("the search ended before this trial finished")
+        outcome = _finish(client, prepared, tracker, parent, started, status)
+    return outcome
+
+
+def _finish(client, prepared: PreparedSearch, tracker: TrialTracker, parent: str, started: float,
+            status: str) -> SearchOutcome:
+    config = prepared.config
+    objectives = [(o.metric, o.mode) for o in config.objectives]
+    trials = list(tracker.outcomes.values())
+    comparable = [t for t in trials if t.status in ("completed", "early_stopped") and t.metrics]
+    front = [comparable[i] for i in non_dominated([t.metrics for t in comparable], objectives)]
+    front.sort(key=lambda t: -t.metrics.get(objectives[0][0], 0) if objectives[0][1] == "max"
+               else t.metrics.get(objectives[0][0], 0))
+    rows = [_row(t) for t in front]
+    client.log_dict(parent, {"objectives": [{"metric": m, "mode": d} for m, d in objectives],
+                             "slo": config.slo, "trials": rows}, "pareto.json")
+    client.log_dict(parent, {"trials": [_row(t) for t in trials]}, "trials.json")
+    try:
+        client.log_figure(parent, pareto_figure(trials, front, objectives, config.slo), "pareto.png")
+    except Exception as error:  # a plot must never cost the search its records
+        client.set_tag(parent, "pareto_plot_error", str(error)[:500])
+    counts = {s: sum(t.status == s for t in trials) for s in ("completed", "early_stopped", "infeasible")}
+    for key, value in counts.items():
+        client.log_metric(parent, f"trials_{key}", float(value))
+    client.set_terminated(parent, status)
+    return SearchOutcome(experiment=config.name, parent_run_id=parent, tracking_uri=prepared.tracking_uri,
+                         trials=trials, pareto=front, wall_s=time.monotonic() - started)
+
+
+def _row(outcome: TrialOutcome) -> dict[str, Any]:
+    return {"trial_id": outcome.trial_id, "run_id": outcome.run_id, "status": outcome.status,
+            "status_reason": outcome.reason, "params": outcome.params, "metrics": outcome.metrics}
+
+
+def pareto_figure(trials: list[TrialOutcome], front: list[TrialOutcome], objectives, slo: str):
+    """Capacity against latency at the reference load: every comparable trial, the front highlighted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (y_metric, _), (x_metric, _) = objectives[0], objectives[-1]
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for status, marker in (("completed", "o"), ("early_stopped", "^")):
+        points = [t for t in trials if t.status == status and t.metrics]
+        axes.scatter([t.metrics.get(x_metric, 0) for t in points], [t.metrics.get(y_metric, 0) for t in points],
+                     marker=marker, alpha=0.5, label=status.replace("_", " "))
+    ordered = sorted(front, key=lambda t: t.metrics.get(x_metric, 0))
+    axes.plot([t.metrics.get(x_metric, 0) for t in ordered], [t.metrics.get(y_metric, 0) for t in ordered],
+              "r-o", label="Pareto front")
+    axes.set_xlabel(x_metric)
+    axes.set_ylabel(y_metric)
+    axes.set_title(f"SLO {slo}", fontsize=9)
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure

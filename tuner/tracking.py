@@ -1,0 +1,207 @@
+"""MLflow records of a search: one parent run per search, one nested run per trial, fronts as artifacts.
+
+Only the search driver writes (through `TrialTracker`, a Ray Tune callback), so a SQLite store sees no
+concurrent writers. Prompt text never reaches MLflow: only params, metrics, tags and provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.errors import TrackingError
+
+PARENT_TAG = "mlflow.parentRunId"
+# Keys Tune adds to every result; they are bookkeeping, not measurements.
+_TUNE_KEYS = {"done", "training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid",
+              "time_since_restore", "iterations_since_restore", "timesteps_total", "episodes_total",
+              "timesteps_since_restore", "should_checkpoint"}
+
+
+def default_tracking_uri(root: Path) -> str:
+    """`sqlite:///<root>/reports/mlflow.db`: MLflow 3 refuses a plain ./mlruns file store."""
+    return f"sqlite:///{(root / 'reports' / 'mlflow.db').resolve()}"
+
+
+def client_for(uri: str):
+    """An MlflowClient for `uri`, creating the SQLite file's folder when needed."""
+    from mlflow.tracking import MlflowClient
+
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(client, name: str, *, create: bool) -> str:
+    """The id of experiment `name`; created when `create`, else TrackingError if it does not exist."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    if not create:
+        raise TrackingError(f"no MLflow experiment named {name!r} in {client.tracking_uri}")
+    return client.create_experiment(name)
+
+
+def measurable(result: dict[str, Any]) -> dict[str, float]:
+    """The numeric, finite measurements of a Tune result (Tune's own bookkeeping left out)."""
+    out = {}
+    for key, value in result.items():
+        if key in _TUNE_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+@dataclass
+class TrialOutcome:
+    """What the search knows of one trial when it ends."""
+
+    trial_id: str
+    run_id: str
+    params: dict[str, Any]
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: str = "running"
+    reason: str = ""
+    steps: int = 0
+    closed: bool = False
+
+
+class TrialTracker:
+    """Ray Tune callback: a nested MLflow run per trial, metrics per load step, status tags at the end.
+
+    `stopped_by_scheduler` is filled by the scheduler wrapper in `tuner.search`, so a stopped trial can
+    be told apart from one the time budget cut short. `progress` receives one line per event.
+    """
+
+    def __init__(self, client, experiment: str, parent_run_id: str, *,
+                 progress: Callable[[str], None] = print, total_trials: int | None = None) -> None:
+        from ray.tune import Callback
+
+        self.client = client
+        self.experiment_id = experiment_id(client, experiment, create=True)
+        self.parent_run_id = parent_run_id
+        self.progress = progress
+        self.total_trials = total_trials
+        self.outcomes: dict[str, TrialOutcome] = {}
+        self.stopped_by_scheduler: dict[str, str] = {}
+        self._started = time.monotonic()
+        tracker = self
+
+        class _Callback(Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                tracker.trial_started(trial.trial_id, dict(trial.config))
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                tracker.trial_result(trial.trial_id, result)
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                tracker.trial_ended(trial.trial_id, error=None)
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                error = getattr(trial, "error_message", None) or "the trial raised an error"
+                tracker.trial_ended(trial.trial_id, error=str(error).strip().splitlines()[-1])
+
+        self.callback = _Callback()
+
+    def trial_started(self, trial_id: str, params: dict[str, Any]) -> None:
+        if trial_id in self.outcomes:
+            return
+        run = self.client.create_run(self.experiment_id, run_name=f"trial-{trial_id}",
+                                     tags={PARENT_TAG: self.parent_run_id, "trial_id": trial_id,
+                                           "trial_status": "running"})
+        for key, value in params.items():
+            self.client.log_param(run.info.run_id, key, value)
+        self.outcomes[trial_id] = TrialOutcome(trial_id, run.info.run_id, params)
+        number = len(self.outcomes)
+        total = f"/{self.total_trials}" if self.total_trials else ""
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not isinstance(v, bool))
+        self._say(f"trial {number}{total} {trial_id} starting: {shown}")
+
+    def trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        outcome = self.outcomes.get(trial_id)
+        if outcome is None:
+            return
+        metrics = measurable(result)
+        step = int(metrics.get("load_step", result.get("training_iteration", 0)))
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(outcome.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+        outcome.metrics, outcome.steps = metrics, step
+        outcome.status = str(result.get("trial_status", "running"))
+        outcome.reason = str(result.get("status_reason", ""))
+        if outcome.status == "infeasible":
+            self._say(f"  {trial_id} infeasible: {outcome.reason}")
+            return
+        verdict = "pass" if metrics.get("slo_pass") else "FAIL"
+        self._say(f"  {trial_id} step {step} ({metrics.get('load_factor', 0):g}x, "
+                  f"{metrics.get('offered_rps', 0):.2f} rps): {verdict}  headroom "
+                  f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
+                  f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s")
+
+    def trial_ended(self, trial_id: str, error: str | None) -> None:
+        outcome = self.outcomes.get(trial_id)
+        if outcome is None or outcome.closed:
+            return
+        if error is not None:
+            outcome.status, outcome.reason = "infeasible", f"trial crashed: {error}"
+        elif outcome.status not in ("completed", "infeasible"):
+            outcome.status = "early_stopped"
+            outcome.reason = self.stopped_by_scheduler.get(
+                trial_id, f"stopped after step {outcome.steps} by the search's budget")
+        self._close(outcome)
+
+    def close_open_runs(self, reason: str) -> None:
+        """End every run still open (search interrupted or budget spent) as early_stopped."""
+        for outcome in self.outcomes.values():
+            if not outcome.closed:
+                if outcome.status not in ("completed", "infeasible"):
+                    outcome.status, outcome.reason = "early_stopped", reason
+                self._close(outcome)
+
+    def _close(self, outcome: TrialOutcome) -> None:
+        run_id = outcome.run_id
+        self.client.set_tag(run_id, "trial_status", outcome.status)
+        self.client.set_tag(run_id, "status_reason", outcome.reason[:5000])
+        self.client.set_terminated(run_id, "FINISHED" if outcome.status != "infeasible" else "FAILED")
+        outcome.closed = True
+        capacity = outcome.metrics.get("capacity_rps_per_accel", 0.0)
+        self._say(f"trial {outcome.trial_id} {outcome.status}: capacity {capacity:.2f} rps/accel, "
+                  f"ref ttft p95 {_fmt(outcome.metrics.get('ref_ttft_p95_s'))}s; {outcome.reason}")
+
+    def _say(self, line: str) -> None:
+        elapsed = int(time.monotonic() - self._started)
+        self.progress(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "-" if value is None else str(value)
+
+
+def start_parent_run(client, experiment: str, *, run_name: str, params: dict[str, Any],
+                     tags: dict[str, str], documents: dict[str, Any]) -> str:
+    """Open the search's parent run with its params, tags and JSON/YAML documents; returns its id."""
+    exp_id = experiment_id(client, experiment, create=True)
+    run = client.create_run(exp_id, run_name=run_name, tags={"run_kind": "search", **tags})
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, str(value)[:6000])
+    for name, document in documents.items():
+        if name.endswith(".json"):
+            client.log_dict(run.info.run_id, document, name)
+        else:
+            client.log_text(run.info.run_id, document, name)
+    return run.info.run_id
+
+
+def write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
