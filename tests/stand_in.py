@@ -16,7 +16,10 @@ from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamIte
 
 class StandInEngine:
     def __init__(self, tokens_per_s: float = 2000.0, max_batch: int = 8, fail_start: str | None = None,
-                 prefill_tokens_per_s: float = 50_000.0) -> None:
+                 prefill_tokens_per_s: float = 50_000.0, ping_delay_s: float = 0.0) -> None:
+        self.ping_delay_s = ping_delay_s
+        self.killed = False
+        self.frozen = asyncio.Event()
         self.tokens_per_s = tokens_per_s
         self.max_batch = max_batch
         self.prefill_tokens_per_s = prefill_tokens_per_s
@@ -38,6 +41,8 @@ class StandInEngine:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_batch)
+        if self.killed:
+            raise RuntimeError("ActorDiedError: the actor died unexpectedly")
         self.requests.append(request)
         queued = time.perf_counter()
         async with self._slots:
@@ -48,6 +53,10 @@ class StandInEngine:
                 gaps = []
                 last = time.perf_counter()
                 for produced in range(request.output_tokens):
+                    if self.frozen.is_set():
+                        await asyncio.Event().wait()  # hangs, as a SIGSTOPped process does
+                    if self.killed:
+                        raise RuntimeError("ActorDiedError: the actor died unexpectedly")
                     if request.request_id in self.aborted:
                         yield Finished(request.request_id, produced, tuple(gaps), queue_s)
                         return
@@ -64,7 +73,19 @@ class StandInEngine:
                 self.running -= 1
 
     async def ping(self) -> float:
+        if self.killed:
+            raise RuntimeError("ActorDiedError: the actor died unexpectedly")
+        if self.frozen.is_set():
+            await asyncio.Event().wait()
+        if self.ping_delay_s:
+            await asyncio.sleep(self.ping_delay_s)
         return time.monotonic()
+
+    async def kill(self) -> None:
+        self.killed = True
+
+    async def freeze(self) -> None:
+        self.frozen.set()
 
     async def abort(self, request_ids: list[str]) -> None:
         self.aborted.update(request_ids)

@@ -1,60 +1,264 @@
-"""A trial's pool of replicas and its router; the one module that creates Ray actors.
+"""A trial's pool of replicas, its router and its health monitor; the one module that creates Ray actors.
 
-`EnginePool` routes each request to the replica with the fewest outstanding requests and works over
-any `Engine`s (in-process stand-ins in unit tests). `start_ray_pool` hosts each `VllmEngine` in its own
-Ray actor pinned to its own placement-group bundle and starts them all in parallel.
+`EnginePool` routes each request to the live replica with the fewest outstanding requests, pings every
+replica on a heartbeat, declares a replica dead after `failure_threshold` missed pings in a row, kills
+and replaces it, and retries its in-flight requests on the others. It works over any `Engine`s
+(in-process stand-ins in unit tests). `start_ray_pool` hosts each `VllmEngine` in its own Ray actor
+pinned to its own placement-group bundle and starts them all in parallel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from typing import Any, AsyncIterator, Sequence
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from trainables.protocol import Engine, Finished, GenerateRequest, StreamItem
+from trainables.protocol import Engine, Finished, FirstToken, GenerateRequest, StreamItem
 from trainables.vllm_engine import EngineSpec, VllmEngine
 from tuner.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 
-class EnginePool:
-    """Replicas behind a least-outstanding-requests router."""
+@dataclass(frozen=True)
+class HealthPolicy:
+    """How replicas are health-checked: a ping every `period_s`; a ping unanswered within `timeout_s`
+    (or answered with an error) is a miss; `failure_threshold` misses in a row declare the replica dead."""
 
-    def __init__(self, replicas: Sequence[Engine], info: Sequence[dict[str, Any]] = ()) -> None:
+    period_s: float = 5.0
+    timeout_s: float = 10.0
+    failure_threshold: int = 3
+
+    def __post_init__(self) -> None:
+        if self.period_s <= 0 or self.timeout_s <= 0 or self.failure_threshold < 1:
+            raise ValueError(f"heartbeat period and timeout must be > 0 and failure_threshold >= 1, "
+                             f"but got {self.period_s}, {self.timeout_s}, {self.failure_threshold}")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A replica declared dead: when, and when a fault was injected into it (None: a false alarm)."""
+
+    replica: int
+    declared_at: float
+    fault_at: float | None
+
+    @property
+    def detection_s(self) -> float | None:
+        return None if self.fault_at is None else self.declared_at - self.fault_at
+
+
+# Starts a replacement for slot i: returns the new replica and facts about it.
+ReplaceFn = Callable[[int], Awaitable[tuple[Engine, dict[str, Any]]]]
+
+
+class EnginePool:
+    """Replicas behind a least-outstanding-requests router, with heartbeats, replacement and retries."""
+
+    def __init__(self, replicas: Sequence[Engine], info: Sequence[dict[str, Any]] = (), *,
+                 health: HealthPolicy | None = None, replace: ReplaceFn | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not replicas:
             raise ValueError("a pool needs at least one replica")
+        count = len(replicas)
         self.replicas = list(replicas)
-        self.info = list(info)
-        self.outstanding = [0] * len(self.replicas)
-        self._assigned = [0] * len(self.replicas)
+        self.info = list(info) or [{} for _ in range(count)]
+        self.health = health
+        self.outstanding = [0] * count
+        self.alive = [True] * count
+        self.declarations: list[Declaration] = []
+        self.faults: dict[int, float] = {}
+        self.replacements_started = 0
+        self._replace = replace
+        self._clock = clock
+        self._assigned = [0] * count
+        self._suspect = [False] * count
+        self._dead = [asyncio.Event() for _ in range(count)]
+        self._tasks: list[asyncio.Task] = []
+        self._pings: set[asyncio.Task] = set()
+        self._misses = [0] * count
+        self._generation = [0] * count
 
-    def pick(self) -> int:
-        """Index of the replica with the fewest outstanding requests (ties: the least used so far)."""
-        return min(range(len(self.replicas)), key=lambda i: (self.outstanding[i], self._assigned[i], i))
+    # -- routing -------------------------------------------------------------------------------------
+    def pick(self) -> int | None:
+        """The live replica with the fewest outstanding requests (ties: the least used); None if none."""
+        live = [i for i in range(len(self.replicas)) if self.alive[i] and not self._suspect[i]]
+        if not live:
+            return None
+        return min(live, key=lambda i: (self.outstanding[i], self._assigned[i], i))
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[tuple[int, StreamItem]]:
-        """Route one request; yields (replica index, stream item) until the replica's `Finished`."""
-        index = self.pick()
+        """Route one request; yields (replica, item) until a `Finished`. A request whose replica dies or
+        is declared dead is retried on another live replica under a new id; its Finished then carries
+        `retries`. With no live replica left (and none coming back in time) it fails with a reason."""
+        attempt, first_sent, last_error = 0, False, None
+        while True:
+            index = self.pick()
+            if index is None:
+                index = await self._wait_for_live(timeout_s=self._revival_wait())
+                if index is None:
+                    reason = "no live replica to serve it" + (f" ({last_error})" if last_error else "")
+                    yield -1, Finished(request.request_id, 0, (), error=reason, retries=attempt)
+                    return
+            attempt_id = request.request_id if attempt == 0 else f"{request.request_id}-retry{attempt}"
+            outcome = None
+            async for item in self._attempt(index, dataclasses.replace(request, request_id=attempt_id)):
+                if isinstance(item, FirstToken):
+                    if not first_sent:
+                        first_sent = True
+                        yield index, FirstToken(request.request_id)
+                    continue
+                outcome = item
+            if outcome is not None and (outcome.error is None or (self.alive[index] and
+                                                                   not self._suspect[index])):
+                yield index, dataclasses.replace(outcome, request_id=request.request_id, retries=attempt)
+                return
+            last_error = outcome.error if outcome is not None else f"replica {index} declared dead"
+            attempt += 1
+
+    async def _attempt(self, index: int, request: GenerateRequest) -> AsyncIterator[StreamItem]:
+        """Stream one attempt on one replica; ends early (no Finished) if the replica is declared dead."""
         self.outstanding[index] += 1
         self._assigned[index] += 1
+        dead = self._dead[index]
+        stream = self.replicas[index].generate(request).__aiter__()
+        waiter = asyncio.ensure_future(dead.wait())
         try:
-            async for item in self.replicas[index].generate(request):
-                yield index, item
-        except Exception as error:  # a dead actor surfaces here: the request failed, the pool goes on
-            yield index, Finished(request.request_id, 0, (), error=f"replica {index}: {error_line(error)}")
+            while True:
+                step = asyncio.ensure_future(stream.__anext__())
+                done, _ = await asyncio.wait({step, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if step not in done:
+                    step.cancel()
+                    await asyncio.gather(step, return_exceptions=True)
+                    return
+                try:
+                    item = step.result()
+                except StopAsyncIteration:
+                    return
+                except Exception as error:  # the actor died: stop routing to it until the monitor decides
+                    self._suspect[index] = True
+                    yield Finished(request.request_id, 0, (), error=f"replica {index}: {error_line(error)}")
+                    return
+                yield item
+                if isinstance(item, Finished):
+                    return
         finally:
+            waiter.cancel()
             self.outstanding[index] -= 1
 
+    def _revival_wait(self) -> float:
+        # A replacement is on its way only when the pool can replace replicas.
+        return 0.0 if self._replace is None else float("inf")
+
+    async def _wait_for_live(self, timeout_s: float) -> int | None:
+        deadline = self._clock() + timeout_s
+        while self._clock() < deadline:
+            await asyncio.sleep(0.05)
+            index = self.pick()
+            if index is not None:
+                return index
+        return None
+
+    # -- health --------------------------------------------------------------------------------------
+    def start_monitor(self) -> None:
+        """Start heartbeats for every replica (no-op without a HealthPolicy)."""
+        if self.health is not None and not self._tasks:
+            self._tasks = [asyncio.ensure_future(self._watch(i)) for i in range(len(self.replicas))]
+
+    async def _watch(self, index: int) -> None:
+        """Send a ping every period, without waiting for the previous one: a frozen replica is then
+        declared within period x failure_threshold + timeout of the fault."""
+        policy = self.health
+        assert policy is not None
+        while True:
+            if self.alive[index]:
+                self._pings.add(asyncio.ensure_future(self._ping_once(index, self._generation[index])))
+                self._pings = {t for t in self._pings if not t.done()}
+            await asyncio.sleep(policy.period_s)
+
+    async def _ping_once(self, index: int, generation: int) -> None:
+        policy = self.health
+        assert policy is not None
+        try:
+            await asyncio.wait_for(self.replicas[index].ping(), policy.timeout_s)
+            answered = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # timed out, or the actor is gone: a miss either way
+            answered = False
+        if generation != self._generation[index] or not self.alive[index]:
+            return  # an answer about a replica already declared dead or replaced
+        if answered:
+            self._misses[index] = 0
+            return
+        self._misses[index] += 1
+        if self._misses[index] >= policy.failure_threshold:
+            await self._declare_dead(index)
+
+    async def _declare_dead(self, index: int) -> None:
+        now = self._clock()
+        self.alive[index] = False
+        self._generation[index] += 1
+        self._misses[index] = 0
+        self.declarations.append(Declaration(index, now, self.faults.pop(index, None)))
+        self._dead[index].set()
+        replica = self.replicas[index]
+        kill = getattr(replica, "kill", None)
+        try:
+            if kill is not None:
+                await kill()
+            else:
+                await asyncio.wait_for(replica.shutdown(), 10)
+        except Exception as error:
+            log.warning("replica %d could not be killed cleanly: %s", index, error_line(error))
+        if self._replace is not None:
+            self.replacements_started += 1
+            self._tasks.append(asyncio.ensure_future(self._start_replacement(index)))
+
+    async def _start_replacement(self, index: int) -> None:
+        try:
+            replica, info = await self._replace(index)
+        except Exception as error:  # the slot stays dead; its share of the load goes to the others
+            log.warning("replacement for replica %d failed: %s", index, error_line(error))
+            return
+        self.replicas[index], self.info[index] = replica, info
+        self._dead[index] = asyncio.Event()
+        self._suspect[index] = False
+        self.alive[index] = True
+
+    async def inject_fault(self, index: int, kind: str) -> None:
+        """Fault injection: `kill` the replica, or `freeze` it (it hangs without dying)."""
+        self.faults[index] = self._clock()
+        replica = self.replicas[index]
+        if kind == "kill":
+            await replica.kill()  # type: ignore[attr-defined]
+        elif kind == "freeze":
+            await replica.freeze()  # type: ignore[attr-defined]
+        else:
+            raise ValueError(f"unknown fault kind {kind!r} (use kill or freeze)")
+
+    # -- the rest of the protocol, pool-wide ---------------------------------------------------------
     async def abort(self, request_ids: list[str]) -> None:
-        """Abort the given requests on every replica (each ignores ids it does not hold)."""
-        await asyncio.gather(*(r.abort(request_ids) for r in self.replicas), return_exceptions=True)
+        """Abort the given requests (and their retries) on every live replica."""
+        ids = request_ids + [f"{r}-retry{n}" for r in request_ids for n in range(1, 4)]
+        await asyncio.gather(*(r.abort(ids) for i, r in enumerate(self.replicas) if self.alive[i]),
+                             return_exceptions=True)
 
     async def reset_prefix_cache(self) -> None:
-        await asyncio.gather(*(r.reset_prefix_cache() for r in self.replicas))
+        await asyncio.gather(*(r.reset_prefix_cache() for i, r in enumerate(self.replicas)
+                               if self.alive[i] and not self._suspect[i]), return_exceptions=True)
 
     async def shutdown(self) -> None:
-        """Shut every replica down; errors are logged, never raised, so teardown always completes."""
+        """Stop heartbeats and replacements, then shut every replica down; errors are logged, never
+        raised, so teardown always completes."""
+        tasks = self._tasks + list(self._pings)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks, self._pings = [], set()
         results = await asyncio.gather(*(r.shutdown() for r in self.replicas), return_exceptions=True)
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
@@ -81,6 +285,15 @@ class RayReplica:
     async def reset_prefix_cache(self) -> None:
         await self.handle.reset_prefix_cache.remote()
 
+    async def freeze(self) -> None:
+        # The actor stops its own process (SIGSTOP), wherever it runs; the call never returns.
+        self.handle.freeze.remote()
+
+    async def kill(self) -> None:
+        import ray
+
+        ray.kill(self.handle, no_restart=True)
+
     async def shutdown(self, timeout_s: float = 60.0) -> None:
         import ray
 
@@ -90,31 +303,33 @@ class RayReplica:
             ray.kill(self.handle, no_restart=True)
 
 
-async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group: Any,
-                         first_bundle: int = 1, gpus_per_replica: float = 0,
-                         start_timeout_s: float = 600.0) -> EnginePool:
-    """Start `num_replicas` vLLM replicas in parallel, replica i on bundle `first_bundle + i`.
-
-    Raises EngineError (naming vLLM's reason) if any replica fails to start in time; every replica
-    already started is shut down first, so nothing is left running.
-    """
+def _create_actor(spec: EngineSpec, placement_group: Any, bundle: int, gpus: float) -> Any:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    actor_class = ray.remote(VllmEngine)
-    handles = []
-    for i in range(num_replicas):
-        strategy = None
-        if placement_group is not None:
-            strategy = PlacementGroupSchedulingStrategy(
-                placement_group=placement_group, placement_group_bundle_index=first_bundle + i)
-        handles.append(actor_class.options(
-            num_cpus=spec.cpu_cores, num_gpus=gpus_per_replica, scheduling_strategy=strategy,
-            max_concurrency=10_000, name=None).remote(spec))
+    strategy = None
+    if placement_group is not None:
+        strategy = PlacementGroupSchedulingStrategy(placement_group=placement_group,
+                                                    placement_group_bundle_index=bundle)
+    return ray.remote(VllmEngine).options(num_cpus=spec.cpu_cores, num_gpus=gpus, scheduling_strategy=strategy,
+                                          max_concurrency=10_000).remote(spec)
+
+
+async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group: Any,
+                         first_bundle: int = 1, gpus_per_replica: float = 0,
+                         start_timeout_s: float = 600.0, health: HealthPolicy | None = None,
+                         replace: bool = False) -> EnginePool:
+    """Start `num_replicas` vLLM replicas in parallel, replica i on bundle `first_bundle + i`.
+
+    With `replace`, a replica declared dead is replaced by a new one on the same bundle.
+    Raises EngineError (naming vLLM's reason) if any replica fails to start in time; every replica
+    already started is shut down first, so nothing is left running.
+    """
+    handles = [_create_actor(spec, placement_group, first_bundle + i, gpus_per_replica)
+               for i in range(num_replicas)]
     replicas = [RayReplica(h) for h in handles]
-    starts = [h.start.remote() for h in handles]
     try:
-        info = await asyncio.wait_for(asyncio.gather(*starts), start_timeout_s)
+        info = await asyncio.wait_for(asyncio.gather(*(h.start.remote() for h in handles)), start_timeout_s)
     except BaseException as error:
         await asyncio.gather(*(r.shutdown(timeout_s=30) for r in replicas), return_exceptions=True)
         if isinstance(error, asyncio.TimeoutError):
@@ -122,7 +337,20 @@ async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group
         if isinstance(error, (asyncio.CancelledError, KeyboardInterrupt)):
             raise
         raise EngineError(error_line(error)) from None
-    return EnginePool(replicas, info)
+
+    async def replacement(index: int) -> tuple[Engine, dict[str, Any]]:
+        handle = _create_actor(spec, placement_group, first_bundle + index, gpus_per_replica)
+        replica = RayReplica(handle)
+        try:
+            facts = await asyncio.wait_for(handle.start.remote(), start_timeout_s)
+        except BaseException:
+            await replica.kill()
+            raise
+        return replica, facts
+
+    pool = EnginePool(replicas, info, health=health, replace=replacement if replace else None)
+    pool.start_monitor()
+    return pool
 
 
 def error_line(error: BaseException) -> str:

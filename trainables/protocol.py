@@ -40,6 +40,7 @@ class Finished:
     token_gaps_s: tuple[float, ...]
     queue_s: float | None = None
     error: str | None = None
+    retries: int = 0
 
 
 StreamItem = FirstToken | Finished

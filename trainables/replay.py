@@ -79,4 +79,4 @@ def _record(planned: PlannedRequest, entry: dict) -> RequestRecord:
     return RequestRecord(**common, first_token_s=entry.get("first"),
                          finished_s=entry["finished"] if error is None else None,
                          token_gaps_s=item.token_gaps_s, queue_s=item.queue_s,
-                         ok=error is None, error=error)
+                         ok=error is None, error=error, retries=item.retries)

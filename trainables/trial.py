@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from trainables.ladder import plan_step
-from trainables.pool import EnginePool, error_line
+from trainables.pool import EnginePool, HealthPolicy, error_line
 from trainables.protocol import RequestRecord
 from trainables.replay import replay_step
 from trainables.vllm_engine import EngineSpec
@@ -24,8 +24,20 @@ from tuner.workload.records import Workload
 
 log = logging.getLogger(__name__)
 
+# vLLM's default gpu_memory_utilization, used for the KV size on CPU when a candidate does not set it.
+DEFAULT_MEMORY_FRACTION = 0.9
 # Parameters the pool consumes; every other parameter is a vLLM engine argument.
 POOL_PARAMS = ("num_replicas", "heartbeat_period_s", "heartbeat_timeout_s", "failure_threshold")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Fault injection: at `at_fraction` of load step `step`, kill or freeze replica `replica`."""
+
+    kind: str
+    step: int
+    at_fraction: float = 0.5
+    replica: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,8 @@ class TrialContext:
     vocab_size: int = 4096
     start_timeout_s: float = 600.0
     seed: int = 0
+    faults: tuple[Fault, ...] = ()
+    health: HealthPolicy = HealthPolicy()
 
     @property
     def reference_step(self) -> int:
@@ -66,12 +80,21 @@ def engine_spec(context: TrialContext, params: dict[str, Any]) -> tuple[EngineSp
     args.update({k: v for k, v in params.items() if k not in POOL_PARAMS})
     tp = int(args.get("tensor_parallel_size", 1))
     args.setdefault("distributed_executor_backend", "uni" if tp == 1 else "mp")
-    if context.on_cpu and "gpu_memory_utilization" in args:
-        args["kv_cache_memory_bytes"] = kv_cache_bytes(args.pop("gpu_memory_utilization"),
-                                                       context.kv_budget_bytes)
+    if context.on_cpu and "kv_cache_memory_bytes" not in args:
+        # Always bounded on CPU: vLLM's own default takes half the host's memory per engine.
+        args["kv_cache_memory_bytes"] = kv_cache_bytes(
+            args.pop("gpu_memory_utilization", DEFAULT_MEMORY_FRACTION), context.kv_budget_bytes)
     spec = EngineSpec(engine_args=args, cpu_cores=context.cpu_cores_per_replica * tp,
                       on_cpu=context.on_cpu)
     return spec, int(params.get("num_replicas", 1)), tp
+
+
+def health_policy(context: TrialContext, params: dict[str, Any]) -> HealthPolicy:
+    """The candidate's heartbeat settings, falling back to the search's defaults."""
+    default = context.health
+    return HealthPolicy(period_s=float(params.get("heartbeat_period_s", default.period_s)),
+                        timeout_s=float(params.get("heartbeat_timeout_s", default.timeout_s)),
+                        failure_threshold=int(params.get("failure_threshold", default.failure_threshold)))
 
 
 def kv_cache_bytes(fraction: float, budget_bytes: int) -> int:
@@ -79,7 +102,8 @@ def kv_cache_bytes(fraction: float, budget_bytes: int) -> int:
     return int(float(fraction) * budget_bytes)
 
 
-PoolFactory = Callable[[EngineSpec, int], Awaitable[EnginePool]]
+# (engine spec, replicas, health policy) -> a started pool whose monitor is running
+PoolFactory = Callable[[EngineSpec, int, HealthPolicy], Awaitable[EnginePool]]
 
 
 class TrialRunner:
@@ -91,6 +115,8 @@ class TrialRunner:
         self.params = dict(params)
         self.trial_id = trial_id
         self.spec, self.num_replicas, self.tp = engine_spec(context, params)
+        self.health = health_policy(context, params)
+        self._declarations_seen = 0
         self.num_accelerators = self.num_replicas * self.tp
         self.slo = parse_slo(context.slo)
         self.steps: list[StepSummary] = []
@@ -105,7 +131,8 @@ class TrialRunner:
         """Start the pool; a failure is kept as the trial's infeasibility reason, never raised."""
         began = time.perf_counter()
         try:
-            self.pool = self._loop.run_until_complete(self._pool_factory(self.spec, self.num_replicas))
+            self.pool = self._loop.run_until_complete(self._pool_factory(self.spec, self.num_replicas,
+                                                                         self.health))
         except EngineError as error:
             self.failure = str(error)
         except Exception as error:  # anything else that stops the engine is still an infeasible config
@@ -136,6 +163,7 @@ class TrialRunner:
         if crashed and len(crashed) == len(records):
             self.failure = f"replicas crashed during step {step}: {crashed[0]}"
             return self._infeasible_result(self.failure)
+        health = self._health_metrics(records, len(plan))
         ladder = ladder_metrics(self.steps, ref_load_step=context.reference_step,
                                 ladder_len=len(context.load_factors),
                                 num_accelerators=self.num_accelerators,
@@ -148,17 +176,45 @@ class TrialRunner:
             reason = f"passed the whole ladder ({len(context.load_factors)} steps)"
         else:
             reason = ""
-        return {**summary.metrics, **ladder, "num_accelerators": float(self.num_accelerators),
+        return {**summary.metrics, **ladder, **health, "num_accelerators": float(self.num_accelerators),
                 "engine_start_s": round(self.start_s, 2),
                 "step_wall_s": round(time.perf_counter() - began, 2),
                 "trial_status": "completed" if done else "running", "status_reason": reason,
                 "done": done}
 
     async def _run(self, plan, step: int) -> list[RequestRecord]:
+        pool = self.pool
+        assert pool is not None
+        await pool.reset_prefix_cache()
+        faults = [asyncio.ensure_future(self._inject(f)) for f in self.context.faults if f.step == step]
+        try:
+            return await replay_step(pool, plan, deadline_s=self.context.deadline_s,
+                                     id_prefix=f"{self.trial_id}-s{step}")
+        finally:
+            for task in faults:
+                task.cancel()
+            await asyncio.gather(*faults, return_exceptions=True)
+
+    async def _inject(self, fault: Fault) -> None:
         assert self.pool is not None
-        await self.pool.reset_prefix_cache()
-        return await replay_step(self.pool, plan, deadline_s=self.context.deadline_s,
-                                 id_prefix=f"{self.trial_id}-s{step}")
+        await asyncio.sleep(fault.at_fraction * self.context.step_duration_s)
+        index = fault.replica % self.num_replicas
+        if self.pool.alive[index]:
+            log.info("injecting %s into replica %d", fault.kind, index)
+            await self.pool.inject_fault(index, fault.kind)
+
+    def _health_metrics(self, records: list[RequestRecord], planned: int) -> dict[str, float]:
+        """Health events since the previous report, and the guarantee that no request is lost."""
+        assert self.pool is not None
+        new = self.pool.declarations[self._declarations_seen:]
+        self._declarations_seen = len(self.pool.declarations)
+        detections = [d.detection_s for d in new if d.detection_s is not None]
+        accounted = sum(1 for r in records if r.ok or r.error)
+        return {"replica_failures": float(len(new)),
+                "detection_s": max(detections) if detections else 0.0,
+                "false_alarms": float(sum(1 for d in new if d.fault_at is None)),
+                "retried_requests": float(sum(1 for r in records if r.retries)),
+                "lost_requests": float(planned - accounted)}
 
     def _infeasible_result(self, reason: str) -> dict[str, Any]:
         penalty = self.context.penalty_latency_s
@@ -166,7 +222,8 @@ class TrialRunner:
                 "capacity_rps_per_accel": 0.0, "capacity_censored": 0.0, "slo_pass": 0.0,
                 "slo_headroom": 0.0, "slo_attainment": 0.0, "goodput_rps": 0.0,
                 "ref_ttft_p95_s": penalty, "ref_tpot_p95_s": penalty, "ref_e2e_p95_s": penalty,
-                "num_accelerators": float(self.num_accelerators),
+                "num_accelerators": float(self.num_accelerators), "replica_failures": 0.0,
+                "detection_s": 0.0, "false_alarms": 0.0, "retried_requests": 0.0, "lost_requests": 0.0,
                 "trial_status": "infeasible", "status_reason": reason, "done": True}
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from trainables.pool import start_ray_pool
+from trainables.pool import HealthPolicy, start_ray_pool
 from trainables.trial import TrialContext, TrialRunner, engine_spec
 from trainables.vllm_engine import EngineSpec
 
@@ -28,10 +28,11 @@ class PoolTrial(tune.Trainable):
             first_bundle = 1
         gpus = 0 if context.on_cpu else tp
 
-        async def factory(spec: EngineSpec, replicas: int):
+        async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
             return await start_ray_pool(spec, replicas, placement_group=placement_group,
                                         first_bundle=first_bundle, gpus_per_replica=gpus,
-                                        start_timeout_s=context.start_timeout_s)
+                                        start_timeout_s=context.start_timeout_s, health=health,
+                                        replace=True)
 
         self.runner = TrialRunner(context, config, factory, trial_id=self.trial_id)
         self.runner.start()

@@ -133,6 +133,12 @@ class VllmEngine:
     async def ping(self) -> float:
         return time.monotonic()
 
+    async def freeze(self) -> None:
+        """Fault injection: stop this whole process (SIGSTOP). Only ever called inside its own actor."""
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+
     async def abort(self, request_ids: list[str]) -> None:
         if self._engine is not None and request_ids:
             await self._engine.abort(request_ids)
@@ -160,8 +166,17 @@ def root_cause(error: BaseException) -> str:
     """The innermost error's one-line message: what vLLM actually complained about."""
     while error.__cause__ is not None or error.__context__ is not None:
         error = error.__cause__ or error.__context__  # type: ignore[assignment]
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1] if text else ''}".strip()
+    details = getattr(error, "errors", None)
+    if callable(details):  # pydantic: name the field and the rule it broke
+        try:
+            first = details()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            return f"{type(error).__name__}: {where}: {first.get('msg')} (got {first.get('input')!r})"
+        except Exception:
+            pass
+    lines = [line.strip() for line in str(error).strip().splitlines()
+             if line.strip() and not line.strip().startswith("For further information")]
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}".strip()
 
 
 _ERROR_LINE = re.compile(r"^(?:.*\] )?(?:\(\w+ pid=\d+\) )?((?:\w+\.)*\w*(?:Error|Exception): .+)$")
@@ -174,7 +189,8 @@ def _reason_from_log(path: Path) -> str | None:
     except OSError:
         return None
     reasons = [m.group(1) for line in lines if (m := _ERROR_LINE.match(line.strip()))]
-    generic = ("Engine core initialization failed", "RuntimeError: Engine core")
+    generic = ("Engine core initialization failed", "RuntimeError: Engine core", "See stack trace",
+               "see root cause", "initialization failed due to an exception")
     specific = [r for r in reasons if not any(g in r for g in generic)]
     return (specific or reasons or [None])[-1]
 

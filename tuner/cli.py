@@ -87,10 +87,13 @@ def _show(value) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def _register_workload() -> None:
+def _register_subcommands() -> None:
+    from tuner.report_cli import export, report
     from tuner.workload.cli import workload
 
     main.add_command(workload, "workload")
+    main.add_command(report, "report")
+    main.add_command(export, "export")
 
 
-_register_workload()
+_register_subcommands()

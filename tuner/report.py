@@ -1,4 +1,4 @@
-"""Report: turn recorded searches into one self-contained HTML page (interactive, offline) and a Markdown twin.
+"""Report: recorded searches as one self-contained HTML page (interactive, offline) and a Markdown twin.
 
 Per search it shows the Pareto front of capacity per accelerator against latency at the reference load
 (baseline and winner marked), each trial's throughput-latency curve over the load ladder, how much the
@@ -36,7 +36,7 @@ _STATUS_STYLE = {"completed": ("circle", "#1f77b4"), "early_stopped": ("triangle
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 
-# --- what the report says, computed from records ---------------------------------------------------
+# --- what the report says, computed from records --------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Summary:
     """The findings of one search."""
 
     record: SearchRecord
-    axes: tuple[str, str]                 # (capacity metric, latency metric)
+    axes: tuple[str, str]  # (capacity metric, latency metric)
     front: tuple[TrialRow, ...]
     winner: TrialRow | None
     baseline: TrialRow | None
@@ -77,9 +77,18 @@ def summarize(record: SearchRecord) -> Summary:
     front_idx = non_dominated([dict(t.metrics) for t in feasible], objectives) if feasible else []
     front = tuple(sorted((feasible[i] for i in front_idx), key=lambda t: _metric(t, latency_metric)))
     winner = pick_trial(record.trials, "max-capacity", objectives) if feasible else None
-    counts = {s: sum(t.status == s for t in record.trials) for s in ("completed", "early_stopped", "infeasible")}
-    return Summary(record=record, axes=(capacity_metric, latency_metric), front=front, winner=winner,
-                   baseline=record.baseline_trial(), counts=counts, importance=param_importance(record))
+    statuses = ["completed", "early_stopped", "infeasible"]
+    statuses += sorted({t.status for t in record.trials} - set(statuses))  # e.g. running, mid-search
+    counts = {s: sum(t.status == s for t in record.trials) for s in statuses}
+    return Summary(
+        record=record,
+        axes=(capacity_metric, latency_metric),
+        front=front,
+        winner=winner,
+        baseline=record.baseline_trial(),
+        counts=counts,
+        importance=param_importance(record),
+    )
 
 
 def param_importance(record: SearchRecord, target: str = "capacity_rps_per_accel") -> Importance:
@@ -90,8 +99,10 @@ def param_importance(record: SearchRecord, target: str = "capacity_rps_per_accel
     """
     usable = [t for t in record.trials if t.status in FEASIBLE_STATUSES and _finite(t.metrics.get(target))]
     if len(usable) < MIN_IMPORTANCE_TRIALS:
-        return Importance(note=f"not computed: {len(usable)} completed or early-stopped trial(s), "
-                               f"at least {MIN_IMPORTANCE_TRIALS} are needed")
+        return Importance(
+            note=f"not computed: {len(usable)} completed or early-stopped trial(s), "
+            f"at least {MIN_IMPORTANCE_TRIALS} are needed"
+        )
     space = dict(record.space.get("parameters") or {}) if isinstance(record.space, Mapping) else {}
     tunable = [n for n, spec in space.items() if isinstance(spec, Mapping) and "type" in spec]
     if not tunable:
@@ -108,8 +119,13 @@ def param_importance(record: SearchRecord, target: str = "capacity_rps_per_accel
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize")
     for trial in usable:
-        study.add_trial(create_trial(params={n: trial.params[n] for n in varied}, distributions=distributions,
-                                     value=float(trial.metrics[target])))
+        study.add_trial(
+            create_trial(
+                params={n: trial.params[n] for n in varied},
+                distributions=distributions,
+                value=float(trial.metrics[target]),
+            )
+        )
     evaluator: Any
     try:
         import sklearn  # noqa: F401  (fANOVA needs it)
@@ -124,8 +140,9 @@ def param_importance(record: SearchRecord, target: str = "capacity_rps_per_accel
     except Exception as error:  # too little variation for the evaluator: say so, never fail the report
         return Importance(note=f"not computed: {type(error).__name__}: {error}")
     cleaned = {k: float(v) if _finite(v) else 0.0 for k, v in values.items()}
-    return Importance(values=cleaned, evaluator=label,
-                      note=f"{label} over {len(usable)} trials, target {target}")
+    return Importance(
+        values=cleaned, evaluator=label, note=f"{label} over {len(usable)} trials, target {target}"
+    )
 
 
 def _distribution(spec: Any, values: list[Any]):
@@ -157,42 +174,80 @@ def _finite(value: Any) -> bool:
 
 def _metric(trial: TrialRow, name: str) -> float:
     value = trial.metrics.get(name)
-    return float(value) if _finite(value) else math.inf
+    return float(value) if value is not None and math.isfinite(value) else math.inf
 
 
-# --- figures ------------------------------------------------------------------------------------------
+# --- figures --------------------------------------------------------------------------------------
 
 
 def pareto_figure(summary: Summary):
-    """Capacity per accelerator against latency at the reference load; front, baseline, winner marked."""
+    """Capacity per accelerator against latency at the reference load; front, baseline, winner marked.
+
+    Only trials that passed a load step are drawn: the others have no capacity and a penalty latency.
+    """
     import plotly.graph_objects as go
 
     cap, lat = summary.axes
     figure = go.Figure()
+    feasible = feasible_trials(summary.record.trials)
     for status, (symbol, color) in _STATUS_STYLE.items():
-        trials = [t for t in summary.record.trials if t.status == status and _finite(t.metrics.get(lat))]
+        trials = [t for t in feasible if t.status == status and _finite(t.metrics.get(lat))]
         if trials:
-            figure.add_trace(go.Scatter(
-                x=[t.metrics[lat] for t in trials], y=[t.metrics.get(cap, 0.0) for t in trials], mode="markers",
-                name=status.replace("_", " ") + (" (capacity is a lower bound)" if status == "early_stopped" else ""),
-                marker={"symbol": symbol, "size": 10, "color": color, "opacity": 0.75},
-                text=[_hover(t) for t in trials], hovertemplate="%{text}<extra></extra>"))
+            figure.add_trace(
+                go.Scatter(
+                    x=[t.metrics[lat] for t in trials],
+                    y=[t.metrics.get(cap, 0.0) for t in trials],
+                    mode="markers",
+                    name=status.replace("_", " ")
+                    + (" (capacity is a lower bound)" if status == "early_stopped" else ""),
+                    marker={"symbol": symbol, "size": 10, "color": color, "opacity": 0.75},
+                    text=[_hover(t) for t in trials],
+                    hovertemplate="%{text}<extra></extra>",
+                )
+            )
     if summary.front:
-        figure.add_trace(go.Scatter(
-            x=[t.metrics[lat] for t in summary.front], y=[t.metrics.get(cap, 0.0) for t in summary.front],
-            mode="lines+markers", name="Pareto front", line={"color": "#d62728", "width": 2},
-            marker={"size": 6, "color": "#d62728"}, hoverinfo="skip"))
-    for trial, label, symbol, color in ((summary.baseline, "baseline", "star", "#2ca02c"),
-                                        (summary.winner, "winner (max capacity)", "diamond", "#9467bd")):
-        if trial is not None and trial.status in FEASIBLE_STATUSES and _finite(trial.metrics.get(lat)):
-            figure.add_trace(go.Scatter(
-                x=[trial.metrics[lat]], y=[trial.metrics.get(cap, 0.0)], mode="markers", name=label,
-                marker={"symbol": symbol, "size": 18, "color": "rgba(0,0,0,0)", "line": {"width": 2.5, "color": color}},
-                text=[f"{label}<br>{_hover(trial)}"], hovertemplate="%{text}<extra></extra>"))
+        figure.add_trace(
+            go.Scatter(
+                x=[t.metrics[lat] for t in summary.front],
+                y=[t.metrics.get(cap, 0.0) for t in summary.front],
+                mode="lines+markers",
+                name="Pareto front",
+                line={"color": "#d62728", "width": 2},
+                marker={"size": 6, "color": "#d62728"},
+                hoverinfo="skip",
+            )
+        )
+    for trial, label, symbol, color in (
+        (summary.baseline, "baseline", "star", "#2ca02c"),
+        (summary.winner, "winner (max capacity)", "diamond", "#9467bd"),
+    ):
+        if trial is not None and trial in feasible and _finite(trial.metrics.get(lat)):
+            figure.add_trace(
+                go.Scatter(
+                    x=[trial.metrics[lat]],
+                    y=[trial.metrics.get(cap, 0.0)],
+                    mode="markers",
+                    name=label,
+                    marker={
+                        "symbol": symbol,
+                        "size": 18,
+                        "color": "rgba(0,0,0,0)",
+                        "line": {"width": 2.5, "color": color},
+                    },
+                    text=[f"{label}<br>{_hover(trial)}"],
+                    hovertemplate="%{text}<extra></extra>",
+                )
+            )
+    left_out = len(summary.record.trials) - len(feasible)
+    note = f"; {left_out} trial(s) that passed no load step not drawn" if left_out else ""
     figure.update_layout(
-        title=f"{summary.record.experiment}: Pareto front (SLO {summary.record.slo})",
-        xaxis_title=_axis_label(lat), yaxis_title=_axis_label(cap), height=460, template="plotly_white",
-        legend={"orientation": "h", "y": -0.2})
+        title=f"{summary.record.experiment}: Pareto front (SLO {summary.record.slo}{note})",
+        xaxis_title=_axis_label(lat),
+        yaxis_title=_axis_label(cap),
+        height=460,
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.2},
+    )
     return figure
 
 
@@ -209,24 +264,50 @@ def curves_figure(record: SearchRecord):
             steps = [s for s in trial.steps if _finite(s.get(metric)) and _finite(s.get("offered_rps"))]
             if not steps:
                 continue
-            figure.add_trace(go.Scatter(
-                x=[s["offered_rps"] / max(float(s.get("num_accelerators") or 1.0), 1.0) for s in steps],
-                y=[s[metric] for s in steps], mode="lines+markers", name=f"{trial.trial_id} ({trial.status})",
-                legendgroup=trial.trial_id, showlegend=column == 1, line={"color": color},
-                marker={"size": 9, "color": color,
-                        "symbol": ["circle" if s.get("slo_pass") else "x" for s in steps]},
-                text=[f"trial {trial.trial_id}<br>step {int(s.get('load_step', 0))} ({s.get('load_factor', 0):g}x)"
-                      f"<br>{'pass' if s.get('slo_pass') else 'FAIL'}" for s in steps],
-                hovertemplate="%{text}<br>%{x:.3g} rps/accel<br>%{y:.3g} s<extra></extra>"), row=1, col=column)
+            figure.add_trace(
+                go.Scatter(
+                    x=[s["offered_rps"] / max(float(s.get("num_accelerators") or 1.0), 1.0) for s in steps],
+                    y=[s[metric] for s in steps],
+                    mode="lines+markers",
+                    name=f"{trial.trial_id} ({trial.status})",
+                    legendgroup=trial.trial_id,
+                    showlegend=column == 1,
+                    line={"color": color},
+                    marker={
+                        "size": 9,
+                        "color": color,
+                        "symbol": ["circle" if s.get("slo_pass") else "x" for s in steps],
+                    },
+                    text=[
+                        f"trial {trial.trial_id}<br>step {int(s.get('load_step', 0))} "
+                        f"({s.get('load_factor', 0):g}x)"
+                        f"<br>{'pass' if s.get('slo_pass') else 'FAIL'}"
+                        for s in steps
+                    ],
+                    hovertemplate="%{text}<br>%{x:.3g} rps/accel<br>%{y:.3g} s<extra></extra>",
+                ),
+                row=1,
+                col=column,
+            )
     for column, (_, bound) in enumerate(panels, start=1):
         if bound is not None:
-            figure.add_hline(y=bound, line={"dash": "dash", "color": "#888"}, row=1, col=column,
-                             annotation_text="SLO bound", annotation_position="top left")
+            figure.add_hline(
+                y=bound,
+                line={"dash": "dash", "color": "#888"},
+                row=1,
+                col=column,
+                annotation_text="SLO bound",
+                annotation_position="top left",
+            )
         figure.update_xaxes(title_text="offered load (requests/s per accelerator)", row=1, col=column)
         figure.update_yaxes(title_text="seconds", row=1, col=column)
-    figure.update_layout(title=f"{record.experiment}: throughput-latency over the load ladder "
-                               "(circle = step passed the SLO, x = failed)",
-                         height=480, template="plotly_white", legend={"orientation": "h", "y": -0.25})
+    figure.update_layout(
+        title=f"{record.experiment}: throughput-latency over the load ladder "
+        "(circle = step passed the SLO, x = failed)",
+        height=480,
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.25},
+    )
     return figure
 
 
@@ -236,7 +317,7 @@ def _curve_metrics(slo: str) -> list[tuple[str, float | None]]:
         terms = parse_slo(slo).terms if slo else ()
     except Exception:
         terms = ()
-    panels = [(f"{t.metric}_{t.stat}_s", t.bound_s) for t in terms][:3]
+    panels: list[tuple[str, float | None]] = [(f"{t.metric}_{t.stat}_s", float(t.bound_s)) for t in terms[:3]]
     return panels or [("ttft_p95_s", None), ("tpot_p95_s", None)]
 
 
@@ -248,10 +329,16 @@ def importance_figure(summary: Summary):
     if not values:
         return None
     names = list(values)[::-1]
-    figure = go.Figure(go.Bar(x=[values[n] for n in names], y=names, orientation="h", marker={"color": "#1f77b4"}))
-    figure.update_layout(title=f"{summary.record.experiment}: parameter importance for capacity per accelerator "
-                               f"({summary.importance.evaluator})",
-                         xaxis_title="importance (sums to 1)", height=120 + 40 * len(names), template="plotly_white")
+    figure = go.Figure(
+        go.Bar(x=[values[n] for n in names], y=names, orientation="h", marker={"color": "#1f77b4"})
+    )
+    figure.update_layout(
+        title=f"{summary.record.experiment}: parameter importance for capacity per accelerator "
+        f"({summary.importance.evaluator})",
+        xaxis_title="importance (sums to 1)",
+        height=120 + 40 * len(names),
+        template="plotly_white",
+    )
     return figure
 
 
@@ -265,36 +352,69 @@ def comparison_figure(summaries: Sequence[Summary]):
         color = _PALETTE[index % len(_PALETTE)]
         name = summary.record.experiment
         feasible = [t for t in feasible_trials(summary.record.trials) if _finite(t.metrics.get(lat))]
-        figure.add_trace(go.Scatter(x=[t.metrics[lat] for t in feasible], y=[t.capacity for t in feasible],
-                                    mode="markers", name=f"{name}: trials", legendgroup=name,
-                                    marker={"color": color, "opacity": 0.4, "size": 8},
-                                    text=[_hover(t) for t in feasible], hovertemplate="%{text}<extra></extra>"))
+        figure.add_trace(
+            go.Scatter(
+                x=[t.metrics[lat] for t in feasible],
+                y=[t.capacity for t in feasible],
+                mode="markers",
+                name=f"{name}: trials",
+                legendgroup=name,
+                marker={"color": color, "opacity": 0.4, "size": 8},
+                text=[_hover(t) for t in feasible],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
         if summary.front:
-            figure.add_trace(go.Scatter(x=[t.metrics[lat] for t in summary.front],
-                                        y=[t.capacity for t in summary.front], mode="lines+markers",
-                                        name=f"{name}: front", legendgroup=name, line={"color": color, "width": 2.5},
-                                        hoverinfo="skip"))
+            figure.add_trace(
+                go.Scatter(
+                    x=[t.metrics[lat] for t in summary.front],
+                    y=[t.capacity for t in summary.front],
+                    mode="lines+markers",
+                    name=f"{name}: front",
+                    legendgroup=name,
+                    line={"color": color, "width": 2.5},
+                    hoverinfo="skip",
+                )
+            )
         base = summary.baseline
-        if base is not None and base.status in FEASIBLE_STATUSES and _finite(base.metrics.get(lat)):
-            figure.add_trace(go.Scatter(x=[base.metrics[lat]], y=[base.capacity], mode="markers",
-                                        name=f"{name}: baseline", legendgroup=name,
-                                        marker={"symbol": "star", "size": 16, "color": color}))
-    figure.update_layout(title="Pareto fronts side by side", xaxis_title=_axis_label(summaries[0].axes[1]),
-                         yaxis_title=_axis_label(summaries[0].axes[0]), height=480, template="plotly_white",
-                         legend={"orientation": "h", "y": -0.2})
+        if base is not None and base in feasible:
+            figure.add_trace(
+                go.Scatter(
+                    x=[base.metrics[lat]],
+                    y=[base.capacity],
+                    mode="markers",
+                    name=f"{name}: baseline",
+                    legendgroup=name,
+                    marker={"symbol": "star", "size": 16, "color": color},
+                )
+            )
+    figure.update_layout(
+        title="Pareto fronts side by side",
+        xaxis_title=_axis_label(summaries[0].axes[1]),
+        yaxis_title=_axis_label(summaries[0].axes[0]),
+        height=480,
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.2},
+    )
     return figure
 
 
 def _hover(trial: TrialRow) -> str:
     params = "<br>".join(f"{html.escape(str(k))}={html.escape(_fmt(v))}" for k, v in trial.params.items())
     bound = " (lower bound)" if trial.metrics.get("capacity_censored") else ""
-    return (f"trial {html.escape(trial.trial_id)} [{trial.status}]<br>capacity {trial.capacity:.3g} rps/accel{bound}"
-            f"<br>ref TTFT p95 {_fmt(trial.metrics.get('ref_ttft_p95_s'))} s<br>{params}")
+    return (
+        f"trial {html.escape(trial.trial_id)} [{trial.status}]<br>"
+        f"capacity {trial.capacity:.3g} rps/accel{bound}"
+        f"<br>ref TTFT p95 {_fmt(trial.metrics.get('ref_ttft_p95_s'))} s<br>{params}"
+    )
 
 
-_LABELS = {"capacity_rps_per_accel": "capacity (requests/s per accelerator within the SLO)",
-           "ref_ttft_p95_s": "TTFT p95 at the reference load (s)", "ref_tpot_p95_s": "TPOT p95 at the reference load (s)",
-           "ref_e2e_p95_s": "end-to-end p95 at the reference load (s)"}
+_LABELS = {
+    "capacity_rps_per_accel": "capacity (requests/s per accelerator within the SLO)",
+    "ref_ttft_p95_s": "TTFT p95 at the reference load (s)",
+    "ref_tpot_p95_s": "TPOT p95 at the reference load (s)",
+    "ref_e2e_p95_s": "end-to-end p95 at the reference load (s)",
+}
 
 
 def _axis_label(metric: str) -> str:
@@ -304,7 +424,7 @@ def _axis_label(metric: str) -> str:
     return f"{match.group(1).upper()} {match.group(2)} (s)" if match else metric
 
 
-# --- tables ----------------------------------------------------------------------------------------------
+# --- tables ---------------------------------------------------------------------------------------
 
 
 def _fmt(value: Any) -> str:
@@ -324,22 +444,47 @@ def trial_table(summary: Summary) -> tuple[list[str], list[list[str]]]:
     record = summary.record
     params = _shown_params(record)
     front = {t.trial_id for t in summary.front}
-    header = ["trial", "role", "status", *params, "capacity rps/accel", "ref TTFT p95 s", "ref TPOT p95 s",
-              "steps passed", "reason"]
+    header = [
+        "trial",
+        "role",
+        "status",
+        *params,
+        "capacity rps/accel",
+        "ref TTFT p95 s",
+        "ref TPOT p95 s",
+        "steps passed",
+        "reason",
+    ]
     rows = []
     for trial in record.trials:
-        roles = [r for r, hit in (("winner", summary.winner is not None and trial.trial_id == summary.winner.trial_id),
-                                  ("baseline", summary.baseline is not None
-                                   and trial.trial_id == summary.baseline.trial_id),
-                                  ("pareto", trial.trial_id in front)) if hit]
+        roles = [
+            r
+            for r, hit in (
+                ("winner", summary.winner is not None and trial.trial_id == summary.winner.trial_id),
+                ("baseline", summary.baseline is not None and trial.trial_id == summary.baseline.trial_id),
+                ("pareto", trial.trial_id in front),
+            )
+            if hit
+        ]
         censored = trial.metrics.get("capacity_censored")
         capacity = ("≥ " if censored else "") + _fmt(trial.capacity) if trial.status != "infeasible" else "-"
-        latency = [_fmt(trial.metrics.get(m)) if trial.status != "infeasible" else "-"
-                   for m in ("ref_ttft_p95_s", "ref_tpot_p95_s")]
+        latency = [
+            _fmt(trial.metrics.get(m)) if trial.status != "infeasible" else "-"
+            for m in ("ref_ttft_p95_s", "ref_tpot_p95_s")
+        ]
         passed = sum(1 for s in trial.steps if s.get("slo_pass"))
-        rows.append([trial.trial_id, ", ".join(roles), trial.status, *[_fmt(trial.params.get(p)) for p in params],
-                     capacity, *latency, f"{passed}/{len(trial.steps)}" if trial.steps else "-",
-                     trial.status_reason or "-"])
+        rows.append(
+            [
+                trial.trial_id,
+                ", ".join(roles),
+                trial.status,
+                *[_fmt(trial.params.get(p)) for p in params],
+                capacity,
+                *latency,
+                f"{passed}/{len(trial.steps)}" if trial.steps else "-",
+                trial.status_reason or "-",
+            ]
+        )
     return header, rows
 
 
@@ -365,18 +510,27 @@ def gain_lines(summary: Summary) -> list[str]:
     elif baseline.trial_id == winner.trial_id:
         lines.append(f"The baseline (trial {baseline.trial_id}) is itself the best: no candidate beat it.")
     elif baseline.status == "infeasible" or baseline.capacity <= 0:
-        lines.append(f"The baseline (trial {baseline.trial_id}, {baseline.status}) passed no load step; the "
-                     f"winner (trial {winner.trial_id}) sustains {winner.capacity:.3g} requests/s per accelerator.")
+        lines.append(
+            f"The baseline (trial {baseline.trial_id}, {baseline.status}) passed no load step; the "
+            f"winner (trial {winner.trial_id}) sustains {winner.capacity:.3g} requests/s per accelerator."
+        )
     else:
         gain = summary.gain or 0.0
-        lines.append(f"The winner (trial {winner.trial_id}) sustains {winner.capacity:.3g} requests/s per "
-                     f"accelerator against the baseline's {baseline.capacity:.3g}: x{gain:.2f} "
-                     f"({(gain - 1) * 100:+.0f}%).")
-        for metric, label in (("ref_ttft_p95_s", "TTFT p95"), ("ref_tpot_p95_s", "TPOT p95"),
-                              ("ref_e2e_p95_s", "end-to-end p95")):
+        lines.append(
+            f"The winner (trial {winner.trial_id}) sustains {winner.capacity:.3g} requests/s per "
+            f"accelerator against the baseline's {baseline.capacity:.3g}: x{gain:.2f} "
+            f"({(gain - 1) * 100:+.0f}%)."
+        )
+        for metric, label in (
+            ("ref_ttft_p95_s", "TTFT p95"),
+            ("ref_tpot_p95_s", "TPOT p95"),
+            ("ref_e2e_p95_s", "end-to-end p95"),
+        ):
             a, b = winner.metrics.get(metric), baseline.metrics.get(metric)
-            if _finite(a) and _finite(b) and b:
-                lines.append(f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%).")
+            if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) and b:
+                lines.append(
+                    f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%)."
+                )
     if winner.metrics.get("capacity_censored"):
         lines.append("The winner's capacity is a lower bound: it was stopped before failing a step.")
     return lines
@@ -384,21 +538,39 @@ def gain_lines(summary: Summary) -> list[str]:
 
 def comparison_table(summaries: Sequence[Summary]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) comparing searches side by side."""
-    header = ["experiment", "model", "workload", "SLO", "device", "trials (completed/early-stopped/infeasible)",
-              "winner", "winner capacity rps/accel", "winner ref TTFT p95 s", "baseline capacity rps/accel",
-              "gain"]
+    header = [
+        "experiment",
+        "model",
+        "workload",
+        "SLO",
+        "device",
+        "trials (completed/early-stopped/infeasible)",
+        "winner",
+        "winner capacity rps/accel",
+        "winner ref TTFT p95 s",
+        "baseline capacity rps/accel",
+        "gain",
+    ]
     rows = []
     for s in summaries:
         record, winner, baseline = s.record, s.winner, s.baseline
         workload = record.workload.get("source") or record.params.get("workload") or "-"
         sha = str(record.workload.get("sha256") or "")[:12]
-        rows.append([
-            record.experiment, Path(record.model).name or record.model, f"{Path(str(workload)).name} {sha}".strip(),
-            record.slo, record.device,
-            f"{s.counts['completed']}/{s.counts['early_stopped']}/{s.counts['infeasible']}",
-            winner.trial_id if winner else "-", _fmt(winner.capacity) if winner else "-",
-            _fmt(winner.metrics.get("ref_ttft_p95_s")) if winner else "-",
-            _fmt(baseline.capacity) if baseline else "-", f"x{s.gain:.2f}" if s.gain else "-"])
+        rows.append(
+            [
+                record.experiment,
+                Path(record.model).name or record.model,
+                f"{Path(str(workload)).name} {sha}".strip(),
+                record.slo,
+                record.device,
+                f"{s.counts['completed']}/{s.counts['early_stopped']}/{s.counts['infeasible']}",
+                winner.trial_id if winner else "-",
+                _fmt(winner.capacity) if winner else "-",
+                _fmt(winner.metrics.get("ref_ttft_p95_s")) if winner else "-",
+                _fmt(baseline.capacity) if baseline else "-",
+                f"x{s.gain:.2f}" if s.gain else "-",
+            ]
+        )
     return header, rows
 
 
@@ -417,11 +589,12 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-# --- documents --------------------------------------------------------------------------------------------
+# --- documents ------------------------------------------------------------------------------------
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1300px;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1300px;
+color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:1.8em}h3{margin-top:1.4em}
 .meta{color:#555;font-size:.92em}.meta code{background:#f4f4f4;padding:1px 4px}
 .table{overflow-x:auto}table{border-collapse:collapse;font-size:.85em;margin:8px 0}
@@ -440,24 +613,36 @@ def build_report(records: Sequence[SearchRecord], *, generated: str | None = Non
     generated = generated or time.strftime("%Y-%m-%d %H:%M:%S")
     summaries = [summarize(r) for r in records]
     names = ", ".join(r.experiment for r in records)
-    parts = [f"<h1>vllm-tuner report: {html.escape(names)}</h1>",
-             f'<p class="meta">Generated {html.escape(generated)} from MLflow '
-             f"<code>{html.escape(_safe_uri(records[0].tracking_uri))}</code>.</p>"]
-    md = [f"# vllm-tuner report: {names}", "", f"Generated {generated} from MLflow `{_safe_uri(records[0].tracking_uri)}`.",
-          ""]
+    parts = [
+        f"<h1>vllm-tuner report: {html.escape(names)}</h1>",
+        f'<p class="meta">Generated {html.escape(generated)} from MLflow '
+        f"<code>{html.escape(_safe_uri(records[0].tracking_uri))}</code>.</p>",
+    ]
+    md = [
+        f"# vllm-tuner report: {names}",
+        "",
+        f"Generated {generated} from MLflow `{_safe_uri(records[0].tracking_uri)}`.",
+        "",
+    ]
     if len(summaries) > 1:
         header, rows = comparison_table(summaries)
-        parts += ["<h2>Comparison</h2>", _html_table(header, rows),
-                  _plot(comparison_figure(summaries), "plot-comparison")]
+        parts += [
+            "<h2>Comparison</h2>",
+            _html_table(header, rows),
+            _plot(comparison_figure(summaries), "plot-comparison"),
+        ]
         md += ["## Comparison", "", _md_table(header, rows), ""]
     for index, summary in enumerate(summaries):
         section_html, section_md = _section(summary, index)
         parts.append(section_html)
         md += section_md
-    page = ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>vllm-tuner report: {html.escape(names)}</title><style>{_CSS}</style>"
-            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
-            + "\n".join(parts) + "</body></html>\n")
+    page = (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>vllm-tuner report: {html.escape(names)}</title><style>{_CSS}</style>"
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
+        + "\n".join(parts)
+        + "</body></html>\n"
+    )
     return page, "\n".join(md).rstrip() + "\n"
 
 
@@ -465,25 +650,47 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
     record = summary.record
     workload = record.workload
     source = workload.get("source") or record.params.get("workload") or "-"
-    meta = [("model", record.model or "-"), ("workload", f"{source} (sha256 {str(workload.get('sha256', '-'))[:16]})"),
-            ("SLO", record.slo or "-"), ("device", record.device),
-            ("reference load", f"{record.params.get('reference_rps', '-')} requests/s per accelerator"),
-            ("load ladder", ", ".join(f"{f:g}x" for f in record.load_factors) or "-"),
-            ("objectives", ", ".join(f"{d} {m}" for m, d in record.objectives)),
-            ("trials", f"{len(record.trials)}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in summary.counts.items())),
-            ("parent run", record.parent_run_id)]
+    meta = [
+        ("model", record.model or "-"),
+        ("workload", f"{source} (sha256 {str(workload.get('sha256', '-'))[:16]})"),
+        ("SLO", record.slo or "-"),
+        ("device", record.device),
+        ("reference load", f"{record.params.get('reference_rps', '-')} requests/s per accelerator"),
+        ("load ladder", ", ".join(f"{f:g}x" for f in record.load_factors) or "-"),
+        ("objectives", ", ".join(f"{d} {m}" for m, d in record.objectives)),
+        (
+            "trials",
+            f"{len(record.trials)}: "
+            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in summary.counts.items()),
+        ),
+        (
+            "parent run",
+            record.parent_run_id
+            + (
+                ""
+                if record.status == "FINISHED"
+                else f" ({record.status.lower()}: the search may not be over)"
+            ),
+        ),
+    ]
     transforms = workload.get("transforms") or []
     if transforms:
-        meta.append(("workload transforms", "; ".join(str(t.get("op", t)) if isinstance(t, Mapping) else str(t)
-                                                      for t in transforms)))
+        meta.append(
+            (
+                "workload transforms",
+                "; ".join(str(t.get("op", t)) if isinstance(t, Mapping) else str(t) for t in transforms),
+            )
+        )
     out = [f'<h2 id="exp-{index}">Search {html.escape(record.experiment)}</h2>', '<ul class="meta">']
     out += [f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in meta]
     out.append("</ul>")
     md = [f"## Search {record.experiment}", ""] + [f"- **{k}**: {v}" for k, v in meta] + [""]
 
     gains = gain_lines(summary)
-    out += ["<h3>Winner against the baseline</h3>", '<div class="gain">'
-            + "<br>".join(html.escape(g) for g in gains) + "</div>"]
+    out += [
+        "<h3>Winner against the baseline</h3>",
+        '<div class="gain">' + "<br>".join(html.escape(g) for g in gains) + "</div>",
+    ]
     md += ["### Winner against the baseline", ""] + [f"- {g}" for g in gains] + [""]
     if summary.winner is not None:
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in summary.winner.params.items())
@@ -495,9 +702,16 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
     cap, lat = summary.axes
     if summary.front:
         header = ["trial", "status", cap, lat, "params"]
-        rows = [[t.trial_id, t.status, ("≥ " if t.metrics.get("capacity_censored") else "") + _fmt(t.capacity),
-                 _fmt(t.metrics.get(lat)), ", ".join(f"{k}={_fmt(v)}" for k, v in t.params.items())]
-                for t in summary.front]
+        rows = [
+            [
+                t.trial_id,
+                t.status,
+                ("≥ " if t.metrics.get("capacity_censored") else "") + _fmt(t.capacity),
+                _fmt(t.metrics.get(lat)),
+                ", ".join(f"{k}={_fmt(v)}" for k, v in t.params.items()),
+            ]
+            for t in summary.front
+        ]
         out.append(_html_table(header, rows))
         md += [_md_table(header, rows), ""]
     else:
@@ -531,16 +745,30 @@ def _curve_rows(record: SearchRecord) -> tuple[list[str], list[list[str]]]:
     rows = []
     for trial in record.trials:
         for step in (s for s in trial.steps if "offered_rps" in s):
-            per_accel = float(step.get("offered_rps", 0.0)) / max(float(step.get("num_accelerators") or 1.0), 1.0)
-            rows.append([trial.trial_id, _fmt(int(step.get("load_step", 0))), f"{step.get('load_factor', 0):g}x",
-                         _fmt(per_accel), _fmt(step.get("achieved_rps")), *[_fmt(step.get(m)) for m in metrics],
-                         "pass" if step.get("slo_pass") else "fail"])
+            per_accel = float(step.get("offered_rps", 0.0)) / max(
+                float(step.get("num_accelerators") or 1.0), 1.0
+            )
+            rows.append(
+                [
+                    trial.trial_id,
+                    _fmt(int(step.get("load_step", 0))),
+                    f"{step.get('load_factor', 0):g}x",
+                    _fmt(per_accel),
+                    _fmt(step.get("achieved_rps")),
+                    *[_fmt(step.get(m)) for m in metrics],
+                    "pass" if step.get("slo_pass") else "fail",
+                ]
+            )
     return header, rows
 
 
 def _plot(figure, div_id: str) -> str:
-    body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                          config={"displaylogo": False, "responsive": True})
+    body = figure.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=div_id,
+        config={"displaylogo": False, "responsive": True},
+    )
     return f'<div class="plot">{body}</div>'
 
 
@@ -548,7 +776,7 @@ def _safe_uri(uri: str) -> str:
     return re.sub(r"//[^/@]*@", "//", uri)
 
 
-# --- MLflow I/O -------------------------------------------------------------------------------------------
+# --- MLflow I/O -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -567,8 +795,9 @@ def default_out_dir(root: Path, experiments: Sequence[str]) -> Path:
     return root / "reports" / name
 
 
-def generate_report(tracking_uri: str, experiments: Sequence[str], out_dir: str | Path, *,
-                    log_to_mlflow: bool = True) -> ReportResult:
+def generate_report(
+    tracking_uri: str, experiments: Sequence[str], out_dir: str | Path, *, log_to_mlflow: bool = True
+) -> ReportResult:
     """Read each experiment's latest search, write report.html and report.md, log both to each parent run.
 
     Raises TrackingError when an experiment has no recorded search.

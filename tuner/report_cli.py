@@ -6,6 +6,8 @@ TunerErrors they raise become the group's one red line.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import click
 
 from tuner.export import DEFAULT_IMAGE, PICKS
@@ -21,11 +23,21 @@ def _tracking_uri(uri: str | None) -> str:
 
 
 @click.command("report")
-@click.option("--experiment", "experiments", multiple=True, required=True,
-              help="Experiment (search name) to report on; repeat it to compare searches side by side.")
+@click.option(
+    "--experiment",
+    "experiments",
+    multiple=True,
+    required=True,
+    help="Experiment (search name) to report on; repeat it to compare searches side by side.",
+)
 @click.option("--tracking-uri", default=None, help=_URI_HELP)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Folder for report.html and report.md (default reports/<experiment>[+<experiment>...]).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder for report.html and report.md (default reports/<experiment>[+<experiment>...]).",
+)
 @click.option("--no-log", is_flag=True, help="Do not log the report to the searches' parent runs.")
 def report(experiments: tuple[str, ...], tracking_uri: str | None, out_dir: str | None, no_log: bool) -> None:
     """Write an HTML (interactive, offline) and a Markdown report of one or more searches."""
@@ -35,10 +47,12 @@ def report(experiments: tuple[str, ...], tracking_uri: str | None, out_dir: str 
     out = out_dir or default_out_dir(REPO_ROOT, experiments)
     result = generate_report(_tracking_uri(tracking_uri), list(experiments), out, log_to_mlflow=not no_log)
     for record in result.records:
-        counts = {s: sum(t.status == s for t in record.trials) for s in ("completed", "early_stopped", "infeasible")}
-        click.echo(f"{record.experiment}: {len(record.trials)} trials ("
-                   + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items())
-                   + f"), parent run {record.parent_run_id}")
+        counts = Counter(t.status for t in record.trials)
+        click.echo(
+            f"{record.experiment}: {len(record.trials)} trials ("
+            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items())
+            + f"), parent run {record.parent_run_id}"
+        )
     click.echo(f"wrote {result.html_path}")
     click.echo(f"wrote {result.markdown_path}")
     if result.logged_to:
@@ -48,29 +62,62 @@ def report(experiments: tuple[str, ...], tracking_uri: str | None, out_dir: str 
 @click.command("export")
 @click.option("--experiment", required=True, help="Experiment (search name) to export the best trial of.")
 @click.option("--tracking-uri", default=None, help=_URI_HELP)
-@click.option("--slo", default=None,
-              help="Judge trials under this SLO instead of the one the search recorded (re-judged per load step).")
-@click.option("--pick", type=click.Choice(PICKS), default="max-capacity", show_default=True,
-              help="Which feasible trial: highest capacity, lowest latency at the reference load, or the knee.")
-@click.option("--model-uri", default=None, help="Production model id to deploy in place of the tuned local path.")
+@click.option(
+    "--slo",
+    default=None,
+    help="Judge trials under this SLO instead of the one the search recorded (re-judged per load step).",
+)
+@click.option(
+    "--pick",
+    type=click.Choice(PICKS),
+    default="max-capacity",
+    show_default=True,
+    help="Which feasible trial: highest capacity, lowest latency at the reference load, or the knee.",
+)
+@click.option(
+    "--model-uri", default=None, help="Production model id to deploy in place of the tuned local path."
+)
 @click.option("--target-accelerator", default=None, help="Ray accelerator type for Ray Serve, e.g. H100, L4.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address vllm serve and Ray Serve listen on.")
-@click.option("--port", type=int, default=8000, show_default=True, help="Port vllm serve and Ray Serve listen on.")
-@click.option("--image", default=DEFAULT_IMAGE, show_default=True, help="Container image for the RayService pods.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for the files.")
-def export(experiment: str, tracking_uri: str | None, slo: str | None, pick: str, model_uri: str | None,
-           target_accelerator: str | None, host: str, port: int, image: str, out_dir: str) -> None:
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address vllm serve and Ray Serve listen on."
+)
+@click.option(
+    "--port", type=int, default=8000, show_default=True, help="Port vllm serve and Ray Serve listen on."
+)
+@click.option(
+    "--image", default=DEFAULT_IMAGE, show_default=True, help="Container image for the RayService pods."
+)
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for the files."
+)
+def export(
+    experiment: str,
+    tracking_uri: str | None,
+    slo: str | None,
+    pick: str,
+    model_uri: str | None,
+    target_accelerator: str | None,
+    host: str,
+    port: int,
+    image: str,
+    out_dir: str,
+) -> None:
     """Write vllm-serve.yaml, serve-llm.yaml, rayservice.yaml and best.json for the best trial."""
     from tuner.export import ExportOptions, export_search
 
-    options = ExportOptions(model_uri=model_uri, target_accelerator=target_accelerator, host=host, port=port,
-                            image=image)
-    result = export_search(_tracking_uri(tracking_uri), experiment, out_dir, slo=slo, pick=pick, options=options)
+    options = ExportOptions(
+        model_uri=model_uri, target_accelerator=target_accelerator, host=host, port=port, image=image
+    )
+    result = export_search(
+        _tracking_uri(tracking_uri), experiment, out_dir, slo=slo, pick=pick, options=options
+    )
     trial = result.trial
     bound = " (lower bound)" if trial.metrics.get("capacity_censored") else ""
     rejudged = " (re-judged from the per-step metrics)" if result.rejudged else ""
-    click.echo(f"{experiment}: trial {trial.trial_id} ({pick}) sustains {trial.capacity:.3g} requests/s per "
-               f"accelerator{bound} within SLO '{result.slo}'{rejudged}; TTFT p95 at the reference load "
-               f"{trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s")
+    click.echo(
+        f"{experiment}: trial {trial.trial_id} ({pick}) sustains {trial.capacity:.3g} requests/s per "
+        f"accelerator{bound} within SLO '{result.slo}'{rejudged}; TTFT p95 at the reference load "
+        f"{trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s"
+    )
     for path in result.files.values():
         click.echo(f"wrote {path}")

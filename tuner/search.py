@@ -30,6 +30,7 @@ REPORTED_METRICS = {
     "load_step", "load_factor", "offered_rps", "achieved_rps", "capacity_rps", "capacity_rps_per_accel",
     "capacity_censored", "slo_pass", "slo_headroom", "slo_attainment", "goodput_rps", "output_tok_s",
     "failed_requests", "send_lag_p99_s", "ref_ttft_p95_s", "ref_tpot_p95_s", "ref_e2e_p95_s",
+    "replica_failures", "detection_s", "false_alarms", "retried_requests", "lost_requests",
 } | {f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e", "queue")
      for s in ("mean", "p50", "p90", "p95", "p99")}
 
@@ -210,7 +211,8 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
     from ray.tune.schedulers import ASHAScheduler, TrialScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    from trainables.trial import TrialContext
+    from trainables.pool import HealthPolicy
+    from trainables.trial import Fault, TrialContext
     from trainables.tune_trainable import PoolTrial, trial_resources
 
     config = prepared.config
@@ -228,7 +230,11 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
         kv_budget_bytes=int(config.hardware.kv_budget_mib * (1 << 20)),
         step_duration_s=ladder.step_duration_s, warmup_s=ladder.warmup_s, deadline_s=ladder.deadline_s,
         penalty_latency_s=config.penalty_latency_s, vocab_size=prepared.vocab_size,
-        start_timeout_s=config.budget.engine_start_timeout_s, seed=config.seed)
+        start_timeout_s=config.budget.engine_start_timeout_s, seed=config.seed,
+        faults=tuple(Fault(**f.model_dump()) for f in config.faults),
+        health=HealthPolicy(period_s=config.health.heartbeat_period_s,
+                            timeout_s=config.health.heartbeat_timeout_s,
+                            failure_threshold=config.health.failure_threshold))
 
     client = client_for(prepared.tracking_uri)
     stamp = time.strftime("%Y%m%d-%H%M%S")

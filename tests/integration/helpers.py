@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LEAK_PATTERN = "VLLM::EngineCore|VLLM::Worker|EngineCore|ray::|raylet|gcs_server"
+ENGINE_PATTERN = "VLLM::EngineCore|VLLM::Worker|EngineCore"
 
 
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -19,11 +20,11 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=timeout)
 
 
-def leftover_processes(wait_s: float = 20.0) -> list[str]:
+def leftover_processes(wait_s: float = 20.0, pattern: str = LEAK_PATTERN) -> list[str]:
     """vLLM engine or Ray processes still alive after `wait_s` seconds of grace (empty list: none)."""
     deadline = time.monotonic() + wait_s
     while True:
-        found = subprocess.run(["pgrep", "-af", LEAK_PATTERN], capture_output=True, text=True).stdout
+        found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
         lines = [line for line in found.splitlines() if "pgrep" not in line]
         if not lines or time.monotonic() > deadline:
             return lines

@@ -16,15 +16,29 @@ from tuner.report import generate_report
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr", "--v=0",
-         "--virtual-time-budget=10000", "--window-size=1400,2600"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=10000",
+    "--window-size=1400,2600",
+]
 
 
 def _chromium(tmp_path: Path, page: Path, *extra: str) -> subprocess.CompletedProcess:
     profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 class _Plots(HTMLParser):
@@ -44,9 +58,15 @@ class _Plots(HTMLParser):
 def report(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("store")
     build_store(root, "chat", standard_trials())
-    uri = build_store(root, "code", [trial("c1", "completed", [0.3, 0.6, 2.5]),
-                                     trial("c2", "completed", [0.2, 0.5, 1.5], params={"max_num_seqs": 48}),
-                                     trial("c3", "infeasible", reason="engine failed to start")])
+    uri = build_store(
+        root,
+        "code",
+        [
+            trial("c1", "completed", [0.3, 0.6, 2.5]),
+            trial("c2", "completed", [0.2, 0.5, 1.5], params={"max_num_seqs": 48}),
+            trial("c3", "infeasible", reason="engine failed to start"),
+        ],
+    )
     return generate_report(uri, ["chat", "code"], root / "report").html_path
 
 
@@ -62,8 +82,14 @@ def test_report_renders_in_headless_chromium_without_script_errors(report: Path,
 
     parser = _Plots()
     parser.feed(rendered.stdout)
-    expected = {"plot-comparison", "plot-pareto-0", "plot-curves-0", "plot-importance-0", "plot-pareto-1",
-                "plot-curves-1"}
+    expected = {
+        "plot-comparison",
+        "plot-pareto-0",
+        "plot-curves-0",
+        "plot-importance-0",
+        "plot-pareto-1",
+        "plot-curves-1",
+    }
     assert expected <= set(parser.plots)
     assert all("js-plotly-plot" in parser.plots[p] for p in expected), parser.plots  # plotly drew each one
     assert rendered.stdout.count('class="main-svg"') >= len(expected)

@@ -40,27 +40,55 @@ FACTORS = (0.5, 1.0, 2.0)
 REFERENCE_RPS = 2.0
 PENALTY = 60.0
 KUBERAY_SCHEMA = Path(__file__).resolve().parent.parent / "fixtures" / "kuberay" / "ray.io_rayservices.yaml"
-SPACE = {"parameters": {"max_num_seqs": {"type": "int", "low": 2, "high": 64, "step": 1, "log": True},
-                        "max_num_batched_tokens": {"type": "int", "low": 64, "high": 2048, "step": 64, "log": False},
-                        "gpu_memory_utilization": {"type": "float", "low": 0.2, "high": 1.0, "step": 0.05,
-                                                   "log": False},
-                        "num_replicas": {"type": "categorical", "choices": [1, 2]},
-                        "enable_chunked_prefill": True, "enable_prefix_caching": True},
-         "constraints": ["max_num_batched_tokens >= max_num_seqs"], "baseline": "vllm-defaults"}
+SPACE = {
+    "parameters": {
+        "max_num_seqs": {"type": "int", "low": 2, "high": 64, "step": 1, "log": True},
+        "max_num_batched_tokens": {"type": "int", "low": 64, "high": 2048, "step": 64, "log": False},
+        "gpu_memory_utilization": {"type": "float", "low": 0.2, "high": 1.0, "step": 0.05, "log": False},
+        "num_replicas": {"type": "categorical", "choices": [1, 2]},
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+    },
+    "constraints": ["max_num_batched_tokens >= max_num_seqs"],
+    "baseline": "vllm-defaults",
+}
 
 
-# --- a synthetic store mirroring what `tuner.search` records ---------------------------------------
+# --- a synthetic store mirroring what `tuner.search` records --------------------------------------
 
 
-def trial(trial_id: str, status: str, ttft: list[float] | None = None, tpot: list[float] | None = None, *,
-          params: dict[str, Any] | None = None, failed: list[float] | None = None, e2e: list[float] | None = None,
-          accelerators: int = 1, reason: str = "") -> dict[str, Any]:
+def trial(
+    trial_id: str,
+    status: str,
+    ttft: list[float] | None = None,
+    tpot: list[float] | None = None,
+    *,
+    params: dict[str, Any] | None = None,
+    failed: list[float] | None = None,
+    e2e: list[float] | None = None,
+    accelerators: int = 1,
+    reason: str = "",
+) -> dict[str, Any]:
     """A trial spec: per-step TTFT/TPOT p95 (seconds) over the ladder; no steps for an infeasible one."""
-    base = {"max_num_seqs": 16, "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.5, "num_replicas": 1,
-            "enable_chunked_prefill": True, "enable_prefix_caching": True}
-    return {"trial_id": trial_id, "status": status, "ttft": ttft or [], "tpot": tpot or [0.01] * len(ttft or []),
-            "failed": failed, "e2e": e2e, "params": {**base, **(params or {})}, "accelerators": accelerators,
-            "reason": reason or f"{status} for the test"}
+    base = {
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 512,
+        "gpu_memory_utilization": 0.5,
+        "num_replicas": 1,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+    }
+    return {
+        "trial_id": trial_id,
+        "status": status,
+        "ttft": ttft or [],
+        "tpot": tpot or [0.01] * len(ttft or []),
+        "failed": failed,
+        "e2e": e2e,
+        "params": {**base, **(params or {})},
+        "accelerators": accelerators,
+        "reason": reason or f"{status} for the test",
+    }
 
 
 def _step_metrics(spec: dict[str, Any]) -> list[dict[str, float]]:
@@ -78,25 +106,52 @@ def _step_metrics(spec: dict[str, Any]) -> list[dict[str, float]]:
             capacity = offered / accelerators
         if factor == 1.0:
             ref = {"ref_ttft_p95_s": ttft, "ref_tpot_p95_s": tpot, "ref_e2e_p95_s": e2e}
-        metrics = {"load_step": index + 1.0, "load_factor": factor, "offered_rps": offered, "achieved_rps": offered,
-                   "slo_pass": float(passed), "slo_headroom": min(2.0 / ttft, 0.05 / tpot),
-                   "slo_attainment": 1.0 if passed else 0.5, "goodput_rps": offered if passed else offered / 2,
-                   "output_tok_s": 50 * offered, "failed_requests": failed, "num_accelerators": float(accelerators),
-                   "capacity_rps": capacity * accelerators, "capacity_rps_per_accel": capacity,
-                   "capacity_censored": 1.0 if spec["status"] == "early_stopped" else 0.0,
-                   "engine_start_s": 20.0}
-        for metric, value in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e), ("itl", tpot), ("queue", ttft / 2)):
+        metrics = {
+            "load_step": index + 1.0,
+            "load_factor": factor,
+            "offered_rps": offered,
+            "achieved_rps": offered,
+            "slo_pass": float(passed),
+            "slo_headroom": min(2.0 / ttft, 0.05 / tpot),
+            "slo_attainment": 1.0 if passed else 0.5,
+            "goodput_rps": offered if passed else offered / 2,
+            "output_tok_s": 50 * offered,
+            "failed_requests": failed,
+            "num_accelerators": float(accelerators),
+            "capacity_rps": capacity * accelerators,
+            "capacity_rps_per_accel": capacity,
+            "capacity_censored": 1.0 if spec["status"] == "early_stopped" else 0.0,
+            "engine_start_s": 20.0,
+        }
+        for metric, value in (
+            ("ttft", ttft),
+            ("tpot", tpot),
+            ("e2e", e2e),
+            ("itl", tpot),
+            ("queue", ttft / 2),
+        ):
             for stat, scale in (("mean", 0.6), ("p50", 0.5), ("p90", 0.9), ("p95", 1.0), ("p99", 1.2)):
                 metrics[f"{metric}_{stat}_s"] = value * scale
-        metrics.update(ref or {"ref_ttft_p95_s": PENALTY, "ref_tpot_p95_s": PENALTY, "ref_e2e_p95_s": PENALTY})
+        metrics.update(
+            ref or {"ref_ttft_p95_s": PENALTY, "ref_tpot_p95_s": PENALTY, "ref_e2e_p95_s": PENALTY}
+        )
         steps.append(metrics)
     return steps
 
 
-def build_store(root: Path, experiment: str, trials: list[dict[str, Any]], *, slo: str = SLO, device: str = "cpu",
-                baseline: dict[str, Any] | None = None, workload: dict[str, Any] | None = None,
-                model: str = "/models/tiny", engine_args: dict[str, Any] | None = None) -> str:
-    """Record a search like `tuner.search` does (parent run, documents, nested trial runs); returns the URI."""
+def build_store(
+    root: Path,
+    experiment: str,
+    trials: list[dict[str, Any]],
+    *,
+    slo: str = SLO,
+    device: str = "cpu",
+    baseline: dict[str, Any] | None = None,
+    workload: dict[str, Any] | None = None,
+    model: str = "/models/tiny",
+    engine_args: dict[str, Any] | None = None,
+) -> str:
+    """Record a search as `tuner.search` does (parent run, documents, nested trial runs); returns the URI."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -105,39 +160,88 @@ def build_store(root: Path, experiment: str, trials: list[dict[str, Any]], *, sl
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
-    exp_id = found.experiment_id if found else client.create_experiment(
-        experiment, artifact_location=(root / "artifacts" / experiment).as_uri())
-    config = {"name": experiment, "model": {"path": None, "max_model_len": 2048, "engine_args": engine_args or {}},
-              "hardware": {"device": device, "cpu_cores_per_replica": 1, "kv_budget_mib": 64.0},
-              "slo": slo, "ladder": {"factors": list(FACTORS), "reference_factor": 1.0},
-              "objectives": [{"metric": "capacity_rps_per_accel", "mode": "max"},
-                             {"metric": "ref_ttft_p95_s", "mode": "min"}]}
-    provenance = workload or {"source": "/data/chat.jsonl", "format": "canonical", "sha256": "ab" * 32,
-                              "transforms": [{"op": "fit_to_context", "max_model_len": 2048, "clipped": 0}]}
+    exp_id = (
+        found.experiment_id
+        if found
+        else client.create_experiment(
+            experiment, artifact_location=(root / "artifacts" / experiment).as_uri()
+        )
+    )
+    config = {
+        "name": experiment,
+        "model": {"path": None, "max_model_len": 2048, "engine_args": engine_args or {}},
+        "hardware": {"device": device, "cpu_cores_per_replica": 1, "kv_budget_mib": 64.0},
+        "slo": slo,
+        "ladder": {"factors": list(FACTORS), "reference_factor": 1.0},
+        "objectives": [
+            {"metric": "capacity_rps_per_accel", "mode": "max"},
+            {"metric": "ref_ttft_p95_s", "mode": "min"},
+        ],
+    }
+    provenance = workload or {
+        "source": "/data/chat.jsonl",
+        "format": "canonical",
+        "sha256": "ab" * 32,
+        "transforms": [{"op": "fit_to_context", "max_model_len": 2048, "clipped": 0}],
+    }
     parent = start_parent_run(
-        client, experiment, run_name="search-test",
-        params={"slo": slo, "space": "cpu-smoke", "model": model, "workload": provenance.get("source"),
-                "reference_rps": REFERENCE_RPS, "load_factors": ",".join(f"{f:g}" for f in FACTORS),
-                "num_samples": len(trials), "device": device,
-                "objectives": "max:capacity_rps_per_accel,min:ref_ttft_p95_s"},
+        client,
+        experiment,
+        run_name="search-test",
+        params={
+            "slo": slo,
+            "space": "cpu-smoke",
+            "model": model,
+            "workload": provenance.get("source"),
+            "reference_rps": REFERENCE_RPS,
+            "load_factors": ",".join(f"{f:g}" for f in FACTORS),
+            "num_samples": len(trials),
+            "device": device,
+            "objectives": "max:capacity_rps_per_accel,min:ref_ttft_p95_s",
+        },
         tags={"slo": slo, "workload_sha256": str(provenance.get("sha256", ""))},
-        documents={"search_config.yaml": yaml.safe_dump(config), "search_space.yaml": yaml.safe_dump(SPACE),
-                   "workload.json": provenance,
-                   "baseline.json": baseline if baseline is not None else trials[0]["params"] if trials else {}})
+        documents={
+            "search_config.yaml": yaml.safe_dump(config),
+            "search_space.yaml": yaml.safe_dump(SPACE),
+            "workload.json": provenance,
+            "baseline.json": baseline if baseline is not None else trials[0]["params"] if trials else {},
+        },
+    )
     for number, spec in enumerate(trials):
-        run = client.create_run(exp_id, run_name=f"trial-{spec['trial_id']}", start_time=1_000_000 + number,
-                                tags={PARENT_TAG: parent, "trial_id": spec["trial_id"], "trial_status": "running"})
+        run = client.create_run(
+            exp_id,
+            run_name=f"trial-{spec['trial_id']}",
+            start_time=1_000_000 + number,
+            tags={PARENT_TAG: parent, "trial_id": spec["trial_id"], "trial_status": "running"},
+        )
         run_id = run.info.run_id
         for key, value in spec["params"].items():
             client.log_param(run_id, key, value)
-        steps = _step_metrics(spec) if spec["status"] != "infeasible" else [
-            {"load_step": 1.0, "capacity_rps": 0.0, "capacity_rps_per_accel": 0.0, "capacity_censored": 0.0,
-             "slo_pass": 0.0, "slo_headroom": 0.0, "slo_attainment": 0.0, "goodput_rps": 0.0,
-             "ref_ttft_p95_s": PENALTY, "ref_tpot_p95_s": PENALTY, "ref_e2e_p95_s": PENALTY,
-             "num_accelerators": float(spec["accelerators"])}]
+        steps = (
+            _step_metrics(spec)
+            if spec["status"] != "infeasible"
+            else [
+                {
+                    "load_step": 1.0,
+                    "capacity_rps": 0.0,
+                    "capacity_rps_per_accel": 0.0,
+                    "capacity_censored": 0.0,
+                    "slo_pass": 0.0,
+                    "slo_headroom": 0.0,
+                    "slo_attainment": 0.0,
+                    "goodput_rps": 0.0,
+                    "ref_ttft_p95_s": PENALTY,
+                    "ref_tpot_p95_s": PENALTY,
+                    "ref_e2e_p95_s": PENALTY,
+                    "num_accelerators": float(spec["accelerators"]),
+                }
+            ]
+        )
         for metrics in steps:
             step = int(metrics["load_step"])
-            client.log_batch(run_id, metrics=[Metric(k, v, 1_700_000_000_000 + step, step) for k, v in metrics.items()])
+            client.log_batch(
+                run_id, metrics=[Metric(k, v, 1_700_000_000_000 + step, step) for k, v in metrics.items()]
+            )
         client.set_tag(run_id, "trial_status", spec["status"])
         client.set_tag(run_id, "status_reason", spec["reason"])
         client.set_terminated(run_id, "FAILED" if spec["status"] == "infeasible" else "FINISHED")
@@ -148,13 +252,26 @@ def build_store(root: Path, experiment: str, trials: list[dict[str, Any]], *, sl
 def standard_trials() -> list[dict[str, Any]]:
     """Baseline (cap 2), a winner (cap 4), a faster-but-smaller one (cap 2), early-stopped, infeasible."""
     return [
-        trial("base0001", "completed", [0.5, 1.5, 3.0], params={"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                                                                 "gpu_memory_utilization": 0.9}),
-        trial("win00002", "completed", [0.2, 0.4, 1.0], params={"max_num_seqs": 32, "enable_prefix_caching": False,
-                                                                 "gpu_memory_utilization": 0.75}),
+        trial(
+            "base0001",
+            "completed",
+            [0.5, 1.5, 3.0],
+            params={"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9},
+        ),
+        trial(
+            "win00002",
+            "completed",
+            [0.2, 0.4, 1.0],
+            params={"max_num_seqs": 32, "enable_prefix_caching": False, "gpu_memory_utilization": 0.75},
+        ),
         trial("fast0003", "completed", [0.1, 0.2, 2.5], params={"max_num_seqs": 8}),
         trial("stop0004", "early_stopped", [0.3, 0.9], params={"max_num_seqs": 4}),
-        trial("dead0005", "infeasible", params={"gpu_memory_utilization": 0.2}, reason="engine failed to start: KV"),
+        trial(
+            "dead0005",
+            "infeasible",
+            params={"gpu_memory_utilization": 0.2},
+            reason="engine failed to start: KV",
+        ),
     ]
 
 
@@ -164,15 +281,30 @@ def store(tmp_path_factory) -> str:
 
 
 def row(trial_id: str, status: str, capacity: float, ttft: float, **metrics: float) -> TrialRow:
-    return TrialRow(trial_id, f"run-{trial_id}", status, metrics={"capacity_rps_per_accel": capacity,
-                                                                  "ref_ttft_p95_s": ttft, **metrics})
+    return TrialRow(
+        trial_id,
+        f"run-{trial_id}",
+        status,
+        metrics={"capacity_rps_per_accel": capacity, "ref_ttft_p95_s": ttft, **metrics},
+    )
 
 
-# --- pure logic ---------------------------------------------------------------------------------------------
+# --- pure logic -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, value", [("True", True), ("False", False), ("16", 16), ("-3", -3), ("0.75", 0.75),
-                                         ("1e-3", 0.001), ("None", None), ("auto", "auto")])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("True", True),
+        ("False", False),
+        ("16", 16),
+        ("-3", -3),
+        ("0.75", 0.75),
+        ("1e-3", 0.001),
+        ("None", None),
+        ("auto", "auto"),
+    ],
+)
 def test_params_logged_as_strings_come_back_typed(text: str, value: Any) -> None:
     assert coerce_param(text) == value and type(coerce_param(text)) is type(value)
 
@@ -183,20 +315,31 @@ def test_max_capacity_breaks_ties_on_lower_reference_ttft() -> None:
 
 
 def test_min_latency_picks_the_lowest_reference_ttft_with_capacity() -> None:
-    rows = [row("a", "completed", 4.0, 0.5), row("b", "early_stopped", 1.0, 0.2),
-            row("z", "completed", 0.0, 0.01), row("d", "infeasible", 9.0, 0.001)]
+    rows = [
+        row("a", "completed", 4.0, 0.5),
+        row("b", "early_stopped", 1.0, 0.2),
+        row("z", "completed", 0.0, 0.01),
+        row("d", "infeasible", 9.0, 0.001),
+    ]
     assert pick_trial(rows, "min-latency").trial_id == "b"
 
 
 def test_knee_is_the_compromise_of_the_front() -> None:
-    rows = [row("cap", "completed", 10.0, 5.0), row("knee", "completed", 9.0, 0.6), row("lat", "completed", 1.0, 0.5),
-            row("dominated", "completed", 5.0, 3.0)]
+    rows = [
+        row("cap", "completed", 10.0, 5.0),
+        row("knee", "completed", 9.0, 0.6),
+        row("lat", "completed", 1.0, 0.5),
+        row("dominated", "completed", 5.0, 3.0),
+    ]
     assert pick_trial(rows, "knee").trial_id == "knee"
 
 
 def test_infeasible_and_zero_capacity_trials_are_never_picked() -> None:
-    rows = [row("dead", "infeasible", 5.0, 0.1), row("zero", "completed", 0.0, 0.1),
-            row("running", "running", 5.0, 0.1)]
+    rows = [
+        row("dead", "infeasible", 5.0, 0.1),
+        row("zero", "completed", 0.0, 0.1),
+        row("running", "running", 5.0, 0.1),
+    ]
     for pick in ("max-capacity", "min-latency", "knee"):
         with pytest.raises(ExportError, match="no trial passed"):
             pick_trial(rows, pick)
@@ -221,8 +364,8 @@ def test_rejudge_under_a_stricter_slo_lowers_capacity(store: str) -> None:
     used, trials, rejudged = judge(record, "ttft:p95<0.45s; tpot:p95<50ms")
     by_id = {t.trial_id: t for t in trials}
     assert rejudged and used == "ttft:p95<450ms; tpot:p95<50ms"
-    assert by_id["win00002"].capacity == pytest.approx(2.0)   # 0.2, 0.4 pass; 1.0 fails
-    assert by_id["base0001"].capacity == pytest.approx(0.0)   # 0.5 > 0.45 at the first step
+    assert by_id["win00002"].capacity == pytest.approx(2.0)  # 0.2, 0.4 pass; 1.0 fails
+    assert by_id["base0001"].capacity == pytest.approx(0.0)  # 0.5 > 0.45 at the first step
     assert by_id["fast0003"].capacity == pytest.approx(2.0)
     assert by_id["dead0005"].capacity == 0.0
     assert pick_trial(trials, "max-capacity").trial_id == "fast0003"  # tie at 2.0, lower ref TTFT
@@ -235,16 +378,18 @@ def test_rejudge_under_a_laxer_slo_stops_where_the_ladder_was_measured(store: st
     _, trials, rejudged = judge(record, "ttft:p95<10s")
     by_id = {t.trial_id: t for t in trials}
     assert rejudged
-    assert by_id["base0001"].capacity == pytest.approx(4.0)   # passes the top step now
+    assert by_id["base0001"].capacity == pytest.approx(4.0)  # passes the top step now
     assert by_id["base0001"].metrics["capacity_censored"] == 0.0  # the whole ladder was climbed
     assert by_id["stop0004"].capacity == pytest.approx(2.0)
     assert by_id["stop0004"].metrics["capacity_censored"] == 1.0  # stopped early: a lower bound
 
 
 def test_failed_requests_fail_a_step_under_a_new_slo() -> None:
-    steps = ({"load_step": 1, "offered_rps": 1.0, "ttft_p95_s": 0.1, "failed_requests": 0.0},
-             {"load_step": 2, "offered_rps": 2.0, "ttft_p95_s": 0.1, "failed_requests": 3.0},
-             {"load_step": 3, "offered_rps": 4.0, "ttft_p95_s": 0.1, "failed_requests": 0.0})
+    steps = (
+        {"load_step": 1, "offered_rps": 1.0, "ttft_p95_s": 0.1, "failed_requests": 0.0},
+        {"load_step": 2, "offered_rps": 2.0, "ttft_p95_s": 0.1, "failed_requests": 3.0},
+        {"load_step": 3, "offered_rps": 4.0, "ttft_p95_s": 0.1, "failed_requests": 0.0},
+    )
     judged = rejudge(TrialRow("t", "r", "completed", steps=steps), parse_slo("ttft:p95<1s"), ladder_len=3)
     assert judged.capacity == pytest.approx(1.0)  # the ladder stops at its first failure
 
@@ -259,12 +404,16 @@ def test_the_recorded_slo_spelled_differently_keeps_the_search_verdicts(store: s
 
 
 def test_scrub_drops_prompt_text_and_secret_named_keys() -> None:
-    document = {"source": "x.jsonl", "prompt": "hello", "api_key": "sk-1", "nested": [{"HF_TOKEN": "hf_x",
-                                                                                        "prompt_tokens_mean": 12}]}
+    document = {
+        "source": "x.jsonl",
+        "prompt": "hello",
+        "api_key": "sk-1",
+        "nested": [{"HF_TOKEN": "hf_x", "prompt_tokens_mean": 12}],
+    }
     assert scrub(document) == {"source": "x.jsonl", "nested": [{"prompt_tokens_mean": 12}]}
 
 
-# --- reading MLflow -------------------------------------------------------------------------------------------
+# --- reading MLflow -------------------------------------------------------------------------------
 
 
 def test_load_search_reads_trials_steps_and_documents(store: str) -> None:
@@ -288,7 +437,9 @@ def test_load_search_takes_the_newest_search_that_has_trials(tmp_path: Path) -> 
     uri = build_store(tmp_path, "exp", [trial("old00001", "completed", [0.1, 0.2, 0.3])])
     build_store(tmp_path, "exp", [trial("new00001", "completed", [0.1, 0.2, 3.0])])
     client = client_for(uri)
-    start_parent_run(client, "exp", run_name="crashed-before-any-trial", params={}, tags={"slo": SLO}, documents={})
+    start_parent_run(
+        client, "exp", run_name="crashed-before-any-trial", params={}, tags={"slo": SLO}, documents={}
+    )
     assert [t.trial_id for t in load_search(client, "exp").trials] == ["new00001"]
 
 
@@ -299,7 +450,7 @@ def test_unknown_experiment_is_a_tracking_error(store: str) -> None:
         load_search(client_for(store), "nope")
 
 
-# --- the files, each checked by its consumer ------------------------------------------------------------------
+# --- the files, each checked by its consumer ------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -332,19 +483,42 @@ def test_vllm_serve_yaml_is_read_by_vllms_own_parser(exported: Path, vllm_parser
     assert args.max_num_seqs == 32 and args.max_num_batched_tokens == 512
     assert args.kv_cache_memory_bytes == int(0.75 * 64 * 2**20)
     assert args.enable_chunked_prefill is True and args.enable_prefix_caching is False
+    assert args.enforce_eager is True  # as every trial's engine ran
     assert args.gpu_memory_utilization != 0.75  # the searched fraction went in as bytes of KV cache
 
 
-def test_vllm_serve_yaml_on_gpu_keeps_the_memory_fraction_and_the_model_uri(tmp_path: Path, vllm_parser) -> None:
-    uri = build_store(tmp_path, "gpu-exp", [trial("g1", "completed", [0.1, 0.2, 3.0],
-                                                  params={"gpu_memory_utilization": 0.92, "max_num_seqs": 256,
-                                                          "enable_chunked_prefill": False,
-                                                          "max_num_batched_tokens": 4096})],
-                      device="gpu", engine_args={"skip_tokenizer_init": True, "dtype": "bfloat16"})
-    export_search(uri, "gpu-exp", tmp_path / "out", options=ExportOptions(model_uri="Qwen/Qwen2.5-0.5B-Instruct",
-                                                                        host="0.0.0.0", port=9000))
+def test_vllm_serve_yaml_on_gpu_keeps_the_memory_fraction_and_the_model_uri(
+    tmp_path: Path, vllm_parser
+) -> None:
+    uri = build_store(
+        tmp_path,
+        "gpu-exp",
+        [
+            trial(
+                "g1",
+                "completed",
+                [0.1, 0.2, 3.0],
+                params={
+                    "gpu_memory_utilization": 0.92,
+                    "max_num_seqs": 256,
+                    "enable_chunked_prefill": False,
+                    "max_num_batched_tokens": 4096,
+                },
+            )
+        ],
+        device="gpu",
+        engine_args={"skip_tokenizer_init": True, "dtype": "bfloat16"},
+    )
+    export_search(
+        uri,
+        "gpu-exp",
+        tmp_path / "out",
+        options=ExportOptions(model_uri="Qwen/Qwen2.5-0.5B-Instruct", host="0.0.0.0", port=9000),
+    )
     args = vllm_parser(tmp_path / "out" / "vllm-serve.yaml")
-    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.served_model_name == ["Qwen/Qwen2.5-0.5B-Instruct"]
+    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.served_model_name == [
+        "Qwen/Qwen2.5-0.5B-Instruct"
+    ]
     assert args.gpu_memory_utilization == 0.92 and args.kv_cache_memory_bytes is None
     assert args.enable_chunked_prefill is False and args.dtype == "bfloat16" and args.port == 9000
     assert args.skip_tokenizer_init is False  # a measuring-only setting never reaches the deployment
@@ -378,23 +552,47 @@ def test_serve_llm_yaml_validates_with_serve_schema_and_llm_config(exported: Pat
 
 
 def test_serve_llm_yaml_carries_replicas_heartbeats_and_accelerator(tmp_path: Path) -> None:
-    uri = build_store(tmp_path, "hb", [trial("h1", "completed", [0.1, 0.2, 3.0], accelerators=2,
-                                             params={"num_replicas": 2, "heartbeat_period_s": 2.5,
-                                                     "heartbeat_timeout_s": 7.0, "failure_threshold": 5})])
+    uri = build_store(
+        tmp_path,
+        "hb",
+        [
+            trial(
+                "h1",
+                "completed",
+                [0.1, 0.2, 3.0],
+                accelerators=2,
+                params={
+                    "num_replicas": 2,
+                    "heartbeat_period_s": 2.5,
+                    "heartbeat_timeout_s": 7.0,
+                    "failure_threshold": 5,
+                },
+            )
+        ],
+    )
     export_search(uri, "hb", tmp_path / "out", options=ExportOptions(target_accelerator="H100"))
     text = (tmp_path / "out" / "serve-llm.yaml").read_text()
     _, [llm] = _serve_validate(yaml.safe_load(text))
-    assert llm.deployment_config == {"num_replicas": 2, "health_check_period_s": 2.5, "health_check_timeout_s": 7.0}
+    assert llm.deployment_config == {
+        "num_replicas": 2,
+        "health_check_period_s": 2.5,
+        "health_check_timeout_s": 7.0,
+    }
     assert llm.accelerator_type == "H100"
     assert "failure_threshold=5" in text
     for pool_param in ("num_replicas", "heartbeat_period_s", "failure_threshold"):
         assert pool_param not in llm.engine_kwargs
     best = json.loads((tmp_path / "out" / "best.json").read_text())
-    assert best["deployment"]["searched_failure_threshold"] == 5 and best["deployment"]["serve_failure_threshold"] == 3
+    assert (
+        best["deployment"]["searched_failure_threshold"] == 5
+        and best["deployment"]["serve_failure_threshold"] == 3
+    )
     manifest = yaml.safe_load((tmp_path / "out" / "rayservice.yaml").read_text())
     worker = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
-    assert worker["replicas"] == 2 and worker["template"]["spec"]["containers"][0]["resources"]["limits"][
-        "nvidia.com/gpu"] == "1"
+    assert (
+        worker["replicas"] == 2
+        and worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    )
 
 
 def test_unknown_target_accelerator_is_a_clear_error(store: str, tmp_path: Path) -> None:
@@ -411,8 +609,11 @@ def kuberay_schema(strict: bool = True) -> dict[str, Any]:
 
     def close(node: Any) -> None:
         if isinstance(node, dict):
-            if ("properties" in node and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for value in node.values():
                 close(value)
@@ -457,16 +658,33 @@ def test_the_vendored_schema_rejects_broken_manifests(exported: Path, breakage: 
 
 def test_best_json_has_params_metrics_and_provenance_and_no_secret(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak")
-    uri = build_store(tmp_path, "prov", standard_trials(),
-                      workload={"source": "/data/t.jsonl", "sha256": "cd" * 32, "api_key": "sk-do-not-leak",
-                                "prompt": "a user's private prompt", "transforms": [{"op": "scale", "factor": 2}]})
+    uri = build_store(
+        tmp_path,
+        "prov",
+        standard_trials(),
+        workload={
+            "source": "/data/t.jsonl",
+            "sha256": "cd" * 32,
+            "api_key": "sk-do-not-leak",
+            "prompt": "a user's private prompt",
+            "transforms": [{"op": "scale", "factor": 2}],
+        },
+    )
     result = export_search(uri, "prov", tmp_path / "out", options=ExportOptions(model_uri="org/prod-model"))
     best = json.loads(result.files["best.json"].read_text())
     assert best["experiment"] == "prov" and best["trial_id"] == "win00002" and best["parent_run_id"]
-    assert best["params"]["max_num_seqs"] == 32 and best["metrics"]["capacity_rps_per_accel"] == pytest.approx(4.0)
-    assert best["workload"]["sha256"] == "cd" * 32 and best["workload"]["transforms"] == [{"op": "scale", "factor": 2}]
-    assert best["model"] == {"tuned_path": "/models/tiny", "model_uri": "org/prod-model",
-                             "served_model_name": "org/prod-model", "max_model_len": 2048}
+    assert best["params"]["max_num_seqs"] == 32 and best["metrics"][
+        "capacity_rps_per_accel"
+    ] == pytest.approx(4.0)
+    assert best["workload"]["sha256"] == "cd" * 32 and best["workload"]["transforms"] == [
+        {"op": "scale", "factor": 2}
+    ]
+    assert best["model"] == {
+        "tuned_path": "/models/tiny",
+        "model_uri": "org/prod-model",
+        "served_model_name": "org/prod-model",
+        "max_model_len": 2048,
+    }
     assert best["hardware"]["device"] == "cpu" and best["hardware"]["kv_budget_mib"] == 64.0
     assert best["versions"]["vllm-tuner"] and best["versions"]["vllm"]["version"]
     assert [s["load_step"] for s in best["steps"]] == [1.0, 2.0, 3.0]
@@ -478,15 +696,24 @@ def test_best_json_has_params_metrics_and_provenance_and_no_secret(tmp_path: Pat
 
 
 def test_deployment_maps_the_kv_fraction_to_bytes_only_on_cpu() -> None:
-    record = SearchRecord("e", "p", "sqlite://", SLO, (), params={"device": "cpu", "model": "/m"},
-                          config={"hardware": {"kv_budget_mib": 100.0}, "model": {"max_model_len": 512}})
-    chosen = TrialRow("t", "r", "completed", params={"gpu_memory_utilization": 0.5, "enable_chunked_prefill": False})
+    record = SearchRecord(
+        "e",
+        "p",
+        "sqlite://",
+        SLO,
+        (),
+        params={"device": "cpu", "model": "/m"},
+        config={"hardware": {"kv_budget_mib": 100.0}, "model": {"max_model_len": 512}},
+    )
+    chosen = TrialRow(
+        "t", "r", "completed", params={"gpu_memory_utilization": 0.5, "enable_chunked_prefill": False}
+    )
     config = vllm_serve_config(deployment_for(record, chosen, ExportOptions()))
     assert config["kv-cache-memory-bytes"] == 50 * 2**20 and "gpu-memory-utilization" not in config
     assert config["no-enable-chunked-prefill"] is True and config["max-model-len"] == 512
 
 
-# --- the command --------------------------------------------------------------------------------------------
+# --- the command ----------------------------------------------------------------------------------
 
 
 def cli() -> click.Group:
@@ -497,19 +724,39 @@ def cli() -> click.Group:
 
 
 def test_export_command_writes_the_four_files(store: str, tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli(), ["export", "--experiment", "exp-a", "--tracking-uri", store,
-                                        "--out", str(tmp_path / "out"), "--pick", "min-latency"])
+    result = CliRunner().invoke(
+        cli(),
+        [
+            "export",
+            "--experiment",
+            "exp-a",
+            "--tracking-uri",
+            store,
+            "--out",
+            str(tmp_path / "out"),
+            "--pick",
+            "min-latency",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "trial fast0003 (min-latency)" in result.output
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "best.json", "rayservice.yaml", "serve-llm.yaml", "vllm-serve.yaml"]
+        "best.json",
+        "rayservice.yaml",
+        "serve-llm.yaml",
+        "vllm-serve.yaml",
+    ]
 
 
 def test_export_with_no_feasible_trial_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
-    uri = build_store(tmp_path, "all-dead", [trial("d1", "infeasible"), trial("d2", "infeasible"),
-                                             trial("s1", "early_stopped", [3.0])])
-    result = CliRunner().invoke(cli(), ["export", "--experiment", "all-dead", "--tracking-uri", uri,
-                                        "--out", str(tmp_path / "out")])
+    uri = build_store(
+        tmp_path,
+        "all-dead",
+        [trial("d1", "infeasible"), trial("d2", "infeasible"), trial("s1", "early_stopped", [3.0])],
+    )
+    result = CliRunner().invoke(
+        cli(), ["export", "--experiment", "all-dead", "--tracking-uri", uri, "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: experiment 'all-dead': no feasible trial")
@@ -518,12 +765,43 @@ def test_export_with_no_feasible_trial_is_one_line_and_writes_nothing(tmp_path: 
 
 
 def test_export_under_a_slo_no_trial_meets_is_a_clear_error(store: str, tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli(), ["export", "--experiment", "exp-a", "--tracking-uri", store,
-                                        "--slo", "ttft:p95<1ms", "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        cli(),
+        [
+            "export",
+            "--experiment",
+            "exp-a",
+            "--tracking-uri",
+            store,
+            "--slo",
+            "ttft:p95<1ms",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert result.exit_code == 2 and "under SLO 'ttft:p95<1ms'" in result.output
 
 
 def test_export_of_an_unknown_experiment_is_a_clear_error(store: str, tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli(), ["export", "--experiment", "missing", "--tracking-uri", store,
-                                        "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        cli(), ["export", "--experiment", "missing", "--tracking-uri", store, "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 2 and "no MLflow experiment named 'missing'" in result.output
+
+
+def test_export_with_an_unreadable_slo_is_a_clear_error(store: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli(),
+        [
+            "export",
+            "--experiment",
+            "exp-a",
+            "--tracking-uri",
+            store,
+            "--slo",
+            "ttft<2s",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 2 and "SLO term 'ttft<2s'" in result.output

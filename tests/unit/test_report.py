@@ -1,4 +1,4 @@
-"""Unit tests of the report: what it says about a search, that its HTML is self-contained, and where it goes."""
+"""Unit tests of the report: what it says of a search, that its HTML is self-contained, where it goes."""
 
 from __future__ import annotations
 
@@ -28,16 +28,25 @@ from tuner.tracking import client_for
 def two_searches(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("store")
     build_store(root, "chat", standard_trials())
-    return build_store(root, "code", [trial("c1", "completed", [0.3, 0.6, 2.5]),
-                                      trial("c2", "completed", [0.2, 0.5, 1.5], params={"max_num_seqs": 48}),
-                                      trial("c3", "infeasible", reason="engine failed to start: out of KV cache")],
-                       workload={"source": "/data/code.jsonl", "sha256": "ef" * 32}, model="/models/other")
+    return build_store(
+        root,
+        "code",
+        [
+            trial("c1", "completed", [0.3, 0.6, 2.5]),
+            trial("c2", "completed", [0.2, 0.5, 1.5], params={"max_num_seqs": 48}),
+            trial("c3", "infeasible", reason="engine failed to start: out of KV cache"),
+        ],
+        workload={"source": "/data/code.jsonl", "sha256": "ef" * 32},
+        model="/models/other",
+    )
 
 
 @pytest.fixture(scope="module")
 def rendered(two_searches: str) -> tuple[str, str]:
     client = client_for(two_searches)
-    return build_report([load_search(client, "chat"), load_search(client, "code")], generated="2026-01-01 00:00")
+    return build_report(
+        [load_search(client, "chat"), load_search(client, "code")], generated="2026-01-01 00:00"
+    )
 
 
 def test_summary_finds_front_winner_baseline_and_gain(two_searches: str) -> None:
@@ -52,17 +61,24 @@ def test_summary_finds_front_winner_baseline_and_gain(two_searches: str) -> None
 
 
 def test_gain_when_the_baseline_passed_nothing_or_is_the_winner(tmp_path: Path) -> None:
-    uri = build_store(tmp_path, "weak-base", [trial("b", "completed", [3.0]), trial("w", "completed", [0.1, 0.2, 3.0])])
+    uri = build_store(
+        tmp_path, "weak-base", [trial("b", "completed", [3.0]), trial("w", "completed", [0.1, 0.2, 3.0])]
+    )
     assert "passed no load step" in gain_lines(summarize(load_search(client_for(uri), "weak-base")))[0]
-    uri = build_store(tmp_path, "best-base", [trial("b", "completed", [0.1, 0.2, 0.3]), trial("w", "completed", [3.0])])
+    uri = build_store(
+        tmp_path, "best-base", [trial("b", "completed", [0.1, 0.2, 0.3]), trial("w", "completed", [3.0])]
+    )
     assert "itself the best" in gain_lines(summarize(load_search(client_for(uri), "best-base")))[0]
 
 
 def test_every_trial_is_in_the_table_with_status_and_reason(two_searches: str) -> None:
     header, rows = trial_table(summarize(load_search(client_for(two_searches), "chat")))
-    by_id = {r[0]: dict(zip(header, r)) for r in rows}
+    by_id = {r[0]: dict(zip(header, r, strict=True)) for r in rows}
     assert set(by_id) == {"base0001", "win00002", "fast0003", "stop0004", "dead0005"}
-    assert by_id["dead0005"]["status"] == "infeasible" and by_id["dead0005"]["reason"] == "engine failed to start: KV"
+    assert (
+        by_id["dead0005"]["status"] == "infeasible"
+        and by_id["dead0005"]["reason"] == "engine failed to start: KV"
+    )
     assert by_id["stop0004"]["capacity rps/accel"] == "≥ 2"  # a lower bound
     assert by_id["win00002"]["role"] == "winner, pareto" and by_id["base0001"]["role"] == "baseline"
     assert "max_num_seqs" in header and "enable_chunked_prefill" not in header  # only params that varied
@@ -70,8 +86,12 @@ def test_every_trial_is_in_the_table_with_status_and_reason(two_searches: str) -
 
 def test_importance_over_enough_trials_and_a_note_otherwise(two_searches: str, tmp_path: Path) -> None:
     importance = param_importance(load_search(client_for(two_searches), "chat"))
-    assert importance.values and set(importance.values) <= {"max_num_seqs", "max_num_batched_tokens",
-                                                             "gpu_memory_utilization", "num_replicas"}
+    assert importance.values and set(importance.values) <= {
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "gpu_memory_utilization",
+        "num_replicas",
+    }
     assert sum(importance.values.values()) == pytest.approx(1.0)
     assert "baseline" not in importance.note
     few = param_importance(load_search(client_for(two_searches), "code"))
@@ -96,11 +116,19 @@ def test_html_is_self_contained_with_every_plot(rendered: tuple[str, str]) -> No
     scripts = [attrs for tag, attrs in parser.tags if tag == "script"]
     assert page.startswith("<!DOCTYPE html>") and scripts
     assert not [a for a in scripts if a.get("src")], "every script is inline: the page works offline"
-    assert not [a for tag, a in parser.tags if tag in ("link", "img", "iframe") and (a.get("href") or a.get("src"))]
+    assert not [
+        a for tag, a in parser.tags if tag in ("link", "img", "iframe") and (a.get("href") or a.get("src"))
+    ]
     assert page.count("Plotly.newPlot") >= 6 and len(scripts) == 1 + page.count("Plotly.newPlot")
     ids = set(re.findall(r'id="(plot-[a-z0-9-]+)"', page))
-    assert {"plot-comparison", "plot-pareto-0", "plot-curves-0", "plot-importance-0", "plot-pareto-1",
-            "plot-curves-1"} <= ids
+    assert {
+        "plot-comparison",
+        "plot-pareto-0",
+        "plot-curves-0",
+        "plot-importance-0",
+        "plot-pareto-1",
+        "plot-curves-1",
+    } <= ids
     assert "plot-importance-1" not in ids  # too few trials: a note instead
     assert "Pareto fronts side by side" in page and "baseline" in page and "winner (max capacity)" in page
 
@@ -108,24 +136,35 @@ def test_html_is_self_contained_with_every_plot(rendered: tuple[str, str]) -> No
 def test_markdown_has_comparison_front_gain_and_trial_tables(rendered: tuple[str, str]) -> None:
     _, markdown = rendered
     assert markdown.startswith("# vllm-tuner report: chat, code")
-    for heading in ("## Comparison", "## Search chat", "## Search code", "### Pareto front",
-                    "### Throughput-latency curves", "### Parameter importance", "### All trials",
-                    "### Winner against the baseline"):
+    for heading in (
+        "## Comparison",
+        "## Search chat",
+        "## Search code",
+        "### Pareto front",
+        "### Throughput-latency curves",
+        "### Parameter importance",
+        "### All trials",
+        "### Winner against the baseline",
+    ):
         assert heading in markdown
-    assert "| dead0005 |  | infeasible |" in markdown and "engine failed to start: out of KV cache" in markdown
+    assert (
+        "| dead0005 |  | infeasible |" in markdown and "engine failed to start: out of KV cache" in markdown
+    )
     assert "| early_stopped |" in markdown
 
 
 def test_comparison_lines_up_workloads_and_models(two_searches: str) -> None:
     client = client_for(two_searches)
     header, rows = comparison_table([summarize(load_search(client, n)) for n in ("chat", "code")])
-    table = [dict(zip(header, r)) for r in rows]
+    table = [dict(zip(header, r, strict=True)) for r in rows]
     assert [r["experiment"] for r in table] == ["chat", "code"]
     assert table[0]["workload"].startswith("chat.jsonl abab") and table[1]["model"] == "other"
     assert table[0]["gain"] == "x2.00" and table[1]["trials (completed/early-stopped/infeasible)"] == "2/0/1"
 
 
-def test_generate_report_writes_both_files_and_logs_them_to_each_parent_run(two_searches: str, tmp_path: Path) -> None:
+def test_generate_report_writes_both_files_and_logs_them_to_each_parent_run(
+    two_searches: str, tmp_path: Path
+) -> None:
     result = generate_report(two_searches, ["chat", "code"], tmp_path / "out")
     assert result.html_path.read_text().startswith("<!DOCTYPE html>") and result.markdown_path.exists()
     client = client_for(two_searches)
@@ -135,12 +174,27 @@ def test_generate_report_writes_both_files_and_logs_them_to_each_parent_run(two_
 
 
 def test_report_command(two_searches: str, tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli(), ["report", "--experiment", "chat", "--experiment", "code",
-                                        "--tracking-uri", two_searches, "--out", str(tmp_path / "r"), "--no-log"])
+    result = CliRunner().invoke(
+        cli(),
+        [
+            "report",
+            "--experiment",
+            "chat",
+            "--experiment",
+            "code",
+            "--tracking-uri",
+            two_searches,
+            "--out",
+            str(tmp_path / "r"),
+            "--no-log",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "r" / "report.html").exists() and "wrote" in result.output
-    missing = CliRunner().invoke(cli(), ["report", "--experiment", "nope", "--tracking-uri", two_searches,
-                                         "--out", str(tmp_path / "x")])
+    missing = CliRunner().invoke(
+        cli(),
+        ["report", "--experiment", "nope", "--tracking-uri", two_searches, "--out", str(tmp_path / "x")],
+    )
     assert missing.exit_code == 2 and "no MLflow experiment named 'nope'" in missing.output
 
 

@@ -24,7 +24,7 @@ def _context(**overrides) -> TrialContext:
 
 
 def _factory(engines):
-    async def make(spec, replicas):
+    async def make(spec, replicas, health):
         for engine in engines[:replicas]:
             await engine.start()
         return EnginePool(engines[:replicas])
@@ -73,7 +73,7 @@ def test_load_is_per_accelerator():
 
 
 def test_an_engine_that_will_not_start_is_an_infeasible_trial_with_finite_penalties():
-    async def failing(spec, replicas):
+    async def failing(spec, replicas, health):
         raise EngineError("vLLM engine failed to start: ValueError: KV cache too small")
 
     runner = TrialRunner(_context(), {}, failing)

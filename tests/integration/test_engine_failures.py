@@ -1,0 +1,52 @@
+"""Configs that crash the engine become clear reasons, never crashed searches (real vLLM CPU engine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import ENGINE_PATTERN, leftover_processes
+
+from trainables.vllm_engine import EngineSpec, VllmEngine, vllm_defaults
+from tuner.errors import EngineError
+from tuner.tiny_model import ensure_tiny_model
+
+pytestmark = pytest.mark.integration
+
+
+def _start(**engine_args) -> str:
+    args = {"model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "enforce_eager": True,
+            "distributed_executor_backend": "uni", **engine_args}
+    engine = VllmEngine(EngineSpec(engine_args=args))
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(EngineError) as error:
+            loop.run_until_complete(engine.start())
+        return str(error.value)
+    finally:
+        loop.run_until_complete(engine.shutdown())
+        loop.close()
+
+
+def test_kv_cache_too_small_for_max_model_len_names_vllm_reason():
+    # 1 MiB of KV holds ~256 tokens of the tiny model: less than one 2048-token sequence.
+    message = _start(max_model_len=2048, kv_cache_memory_bytes=1 << 20)
+    assert message.startswith("vLLM engine failed to start: ")
+    assert "KV cache" in message or "cache" in message.lower(), message
+    assert "see root cause above" not in message.lower()
+    assert "\n" not in message
+    assert leftover_processes(pattern=ENGINE_PATTERN) == []
+
+
+def test_invalid_engine_argument_names_it():
+    message = _start(max_model_len=1024, max_num_batched_tokens=0)
+    assert "max_num_batched_tokens" in message and "(got 0)" in message, message
+    assert leftover_processes(pattern=ENGINE_PATTERN) == []
+
+
+def test_vllm_defaults_are_the_baseline():
+    defaults = vllm_defaults({"model": str(ensure_tiny_model()), "skip_tokenizer_init": True,
+                              "max_model_len": 2048},
+                             ["max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"])
+    assert defaults["max_num_seqs"] >= 1 and defaults["max_num_batched_tokens"] >= 1
+    assert isinstance(defaults["enable_prefix_caching"], bool)

@@ -1,0 +1,93 @@
+"""Real faults in a real two-replica vLLM CPU pool: a killed and a frozen replica are detected within the
+bound, replaced, their requests retried, none lost; a too-tight timeout under load raises false alarms
+that cost capacity."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from helpers import ENGINE_PATTERN, leftover_processes
+
+from trainables.pool import HealthPolicy, start_ray_pool
+from trainables.trial import Fault, TrialContext, TrialRunner
+from trainables.vllm_engine import EngineSpec
+from tuner.tiny_model import ensure_tiny_model
+from tuner.workload.records import Request, Workload
+
+pytestmark = pytest.mark.integration
+
+WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=24) for i in range(50)),
+                    {"source": "test"})
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    os.environ["RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper"] = "true"
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+    yield ray
+    ray.shutdown()
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
+
+
+def _context(**overrides) -> TrialContext:
+    values = dict(model=str(ensure_tiny_model()), workload=WORKLOAD, reference_rps=5.0, load_factors=(1.0,),
+                  slo="ttft:p95<5s; tpot:p95<200ms", engine_defaults={"max_model_len": 1024},
+                  kv_budget_bytes=16 << 20, step_duration_s=12.0, warmup_s=0.0, deadline_s=60.0)
+    values.update(overrides)
+    return TrialContext(**values)
+
+
+def _run_trial(context: TrialContext, params: dict) -> dict:
+    async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
+        return await start_ray_pool(spec, replicas, placement_group=None, health=health, replace=True)
+
+    runner = TrialRunner(context, {"num_replicas": 2, "max_num_seqs": 16, "max_num_batched_tokens": 512,
+                                   **params}, factory)
+    runner.start()
+    try:
+        assert runner.failure is None, runner.failure
+        result = runner.next_step()
+        result["_declarations"] = list(runner.pool.declarations)
+        result["_replacements"] = runner.pool.replacements_started
+        return result
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("kind", ["kill", "freeze"])
+def test_a_real_fault_is_detected_in_time_and_loses_no_request(ray_local, kind):
+    period, timeout, threshold = 0.5, 1.0, 2
+    context = _context(faults=(Fault(kind=kind, step=1, at_fraction=0.25, replica=0),))
+    result = _run_trial(context, {"heartbeat_period_s": period, "heartbeat_timeout_s": timeout,
+                                  "failure_threshold": threshold})
+    declarations = result["_declarations"]
+    faulty = [d for d in declarations if d.fault_at is not None]
+    assert len(faulty) == 1 and faulty[0].replica == 0
+    bound = period * threshold + timeout
+    assert 0 < faulty[0].detection_s <= bound + 0.5, (faulty[0].detection_s, bound)
+    assert result["replica_failures"] >= 1 and result["detection_s"] == pytest.approx(faulty[0].detection_s)
+    assert result["retried_requests"] >= 1, "requests caught on the faulty replica were retried"
+    assert result["lost_requests"] == 0
+    assert result["failed_requests"] == 0, "retries on the healthy replica completed every request"
+    assert result["_replacements"] >= 1
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
+
+
+def test_a_too_tight_timeout_under_load_raises_false_alarms_that_cost_capacity(ray_local):
+    # Heavy load (3x the reference rate on two replicas): pings queue behind generation.
+    context = _context(load_factors=(3.0,), reference_factor=3.0, slo="ttft:p95<2s; tpot:p95<100ms")
+    tight = _run_trial(context, {"heartbeat_period_s": 0.05, "heartbeat_timeout_s": 0.002,
+                                 "failure_threshold": 1})
+    loose = _run_trial(context, {"heartbeat_period_s": 1.0, "heartbeat_timeout_s": 10.0,
+                                 "failure_threshold": 3})
+    assert tight["false_alarms"] >= 1 and loose["false_alarms"] == 0
+    assert tight["lost_requests"] == 0 and loose["lost_requests"] == 0
+    # Killing healthy replicas costs the search: worse SLO headroom and goodput at the same load.
+    assert tight["slo_headroom"] < loose["slo_headroom"]
+    assert tight["goodput_rps"] <= loose["goodput_rps"]

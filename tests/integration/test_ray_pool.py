@@ -1,0 +1,107 @@
+"""A real pool of two vLLM CPU replicas in Ray actors: parallel start, routing, a killed replica, teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from helpers import ENGINE_PATTERN, leftover_processes
+
+from trainables.ladder import plan_step
+from trainables.pool import start_ray_pool
+from trainables.replay import replay_step
+from trainables.vllm_engine import EngineSpec
+from tuner.errors import EngineError
+from tuner.tiny_model import ensure_tiny_model
+from tuner.workload.records import Request, Workload
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    os.environ["RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper"] = "true"
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+    yield ray
+    ray.shutdown()
+    assert leftover_processes() == []
+
+
+def _spec(**overrides) -> EngineSpec:
+    args = {"model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "enforce_eager": True,
+            "max_model_len": 1024, "max_num_seqs": 16, "max_num_batched_tokens": 512,
+            "kv_cache_memory_bytes": 16 << 20, "distributed_executor_backend": "uni", **overrides}
+    return EngineSpec(engine_args=args)
+
+
+WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=16) for i in range(40)),
+                    {"source": "test"})
+
+
+def test_two_replicas_start_in_parallel_share_load_and_leave_nothing(ray_local):
+    loop = asyncio.new_event_loop()
+    began = time.perf_counter()
+    pool = loop.run_until_complete(start_ray_pool(_spec(), 2, placement_group=None))
+    start_s = time.perf_counter() - began
+    try:
+        assert len(pool.info) == 2
+        assert {tuple(i["cores"]) for i in pool.info} == {(0,), (1,)}, "each replica on its own core"
+        # In parallel: well under twice one engine's start (each alone takes most of this).
+        assert start_s < 2 * max(i["start_s"] for i in pool.info)
+        plan = plan_step(WORKLOAD, rate_rps=10, duration_s=3, warmup_s=0.5, step_seed=1, vocab_size=4096)
+        records = loop.run_until_complete(replay_step(pool, plan, deadline_s=20, id_prefix="pool"))
+        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
+        assert {r.replica for r in records} == {0, 1}
+        assert all(r.ttft_s > 0 and len(r.token_gaps_s) == 15 for r in records)
+    finally:
+        loop.run_until_complete(pool.shutdown())
+        loop.close()
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
+
+
+def test_requests_of_a_killed_replica_are_retried_and_no_engine_is_left_behind(ray_local):
+    loop = asyncio.new_event_loop()
+    pool = loop.run_until_complete(start_ray_pool(_spec(), 2, placement_group=None))
+    try:
+        plan = plan_step(WORKLOAD, rate_rps=10, duration_s=3, warmup_s=0, step_seed=2, vocab_size=4096)
+
+        async def kill_soon():
+            await asyncio.sleep(1.0)
+            ray_local.kill(pool.replicas[0].handle, no_restart=True)
+
+        async def run():
+            killer = asyncio.create_task(kill_soon())
+            records = await replay_step(pool, plan, deadline_s=20, id_prefix="kill")
+            await killer
+            return records
+
+        records = loop.run_until_complete(run())
+        # Without a health monitor the router still stops using a replica whose actor died, and the
+        # requests it held are retried on the other one: nothing fails, nothing is lost.
+        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
+        retried = [r for r in records if r.retries]
+        assert retried and all(r.replica == 1 for r in retried)
+        assert records[-1].replica == 1
+    finally:
+        loop.run_until_complete(pool.shutdown())
+        loop.close()
+    # The killed actor's EngineCore was reaped by the raylet, not orphaned.
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
+
+
+def test_a_replica_that_cannot_start_stops_the_others_and_names_the_reason(ray_local):
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(EngineError) as error:
+            loop.run_until_complete(start_ray_pool(_spec(max_model_len=2048, kv_cache_memory_bytes=1 << 20),
+                                                   2, placement_group=None))
+    finally:
+        loop.close()
+    assert "cache" in str(error.value).lower()
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
