@@ -63,6 +63,7 @@ class TrialContext:
     seed: int = 0
     faults: tuple[Fault, ...] = ()
     health: HealthPolicy = HealthPolicy()
+    trial_timeout_s: float | None = None
 
     @property
     def reference_step(self) -> int:
@@ -124,15 +125,23 @@ class TrialRunner:
         self.failure: str | None = None
         self.pool: EnginePool | None = None
         self.start_s = 0.0
+        self._began = time.perf_counter()
         self._loop = asyncio.new_event_loop()
         self._pool_factory = pool_factory
 
+    def _remaining_s(self) -> float | None:
+        limit = self.context.trial_timeout_s
+        return None if limit is None else limit - (time.perf_counter() - self._began)
+
     def start(self) -> None:
         """Start the pool; a failure is kept as the trial's infeasibility reason, never raised."""
-        began = time.perf_counter()
+        began = self._began = time.perf_counter()
         try:
-            self.pool = self._loop.run_until_complete(self._pool_factory(self.spec, self.num_replicas,
-                                                                         self.health))
+            starting = self._pool_factory(self.spec, self.num_replicas, self.health)
+            self.pool = self._loop.run_until_complete(asyncio.wait_for(starting, self._remaining_s()))
+        except asyncio.TimeoutError:
+            self.failure = (f"exceeded the trial time limit of {self.context.trial_timeout_s:g}s "
+                            "while the engines were starting")
         except EngineError as error:
             self.failure = str(error)
         except Exception as error:  # anything else that stops the engine is still an infeasible config
@@ -152,7 +161,17 @@ class TrialRunner:
                          vocab_size=context.vocab_size)
         assert self.pool is not None
         began = time.perf_counter()
-        records = self._loop.run_until_complete(self._run(plan, step))
+        remaining = self._remaining_s()
+        if remaining is not None and remaining <= 0:
+            self.failure = (f"exceeded the trial time limit of {context.trial_timeout_s:g}s "
+                            f"after step {step - 1}")
+            return self._infeasible_result(self.failure)
+        try:
+            records = self._loop.run_until_complete(asyncio.wait_for(self._run(plan, step), remaining))
+        except asyncio.TimeoutError:
+            self.failure = (f"exceeded the trial time limit of {context.trial_timeout_s:g}s "
+                            f"during step {step}")
+            return self._infeasible_result(self.failure)
         summary = summarize_step(records, self.slo, load_step=step, load_factor=factor,
                                  offered_rps=rate,
                                  window_s=context.step_duration_s - context.warmup_s)
@@ -229,11 +248,22 @@ class TrialRunner:
     def close(self) -> None:
         """Shut the pool down (always safe to call, also twice or after a failed start)."""
         pool, self.pool = self.pool, None
+        if self._loop.is_closed():
+            return
         try:
             if pool is not None:
                 self._loop.run_until_complete(pool.shutdown())
+            # Requests still in flight after a timed-out step: cancel them, do not leave them pending.
+            self._loop.run_until_complete(_cancel_other_tasks())
         finally:
             self._loop.close()
+
+
+async def _cancel_other_tasks() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _why(summary: StepSummary) -> str:

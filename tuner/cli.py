@@ -42,8 +42,12 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--slo", default=None, help="SLO string, e.g. 'ttft:p95<2s; tpot:p95<50ms'.")
 @click.option("--model", default=None, help="Model path or Hugging Face id; overrides model.path.")
 @click.option("--workload", default=None, help="Trace file; overrides workload.path.")
+@click.option("--trial-timeout-s", type=float, default=None,
+              help="A trial still running after this long ends as infeasible; overrides budget.trial_timeout_s.")
+@click.option("--dry-run", is_flag=True,
+              help="Validate everything and check placement; start no engine and write nothing.")
 def search(config_path, name, num_samples, time_budget_s, tracking_uri, address, space, slo, model,
-           workload) -> None:
+           workload, trial_timeout_s, dry_run) -> None:
     """Run a search (on the embedded defaults when no --config is given)."""
     from tuner.config import load_config
     from tuner.search import run_search
@@ -51,9 +55,18 @@ def search(config_path, name, num_samples, time_budget_s, tracking_uri, address,
     config = load_config(config_path, {
         "name": name, "budget.num_samples": num_samples, "budget.time_budget_s": time_budget_s,
         "tracking.uri": tracking_uri, "ray.address": address, "space": space, "slo": slo,
-        "model.path": model, "workload.path": workload})
-    outcome = run_search(config, progress=lambda line: print(line, flush=True))
-    print_summary(outcome)
+        "model.path": model, "workload.path": workload, "budget.trial_timeout_s": trial_timeout_s},
+        flags=FLAGS)
+    outcome = run_search(config, progress=lambda line: print(line, flush=True), dry_run=dry_run)
+    if outcome is not None:
+        print_summary(outcome)
+
+
+# Where each override came from, so an error names the flag the user typed.
+FLAGS = {"name": "--name", "budget.num_samples": "--num-samples", "budget.time_budget_s": "--time-budget-s",
+         "tracking.uri": "--tracking-uri", "ray.address": "--address", "space": "--space", "slo": "--slo",
+         "model.path": "--model", "workload.path": "--workload",
+         "budget.trial_timeout_s": "--trial-timeout-s"}
 
 
 def print_summary(outcome) -> None:
@@ -73,12 +86,23 @@ def print_summary(outcome) -> None:
     for trial in outcome.pareto:
         metrics = trial.metrics
         censored = " (lower bound)" if metrics.get("capacity_censored") else ""
-        table.add_row(trial.trial_id, trial.status, *[_show(trial.params.get(p)) for p in params],
+        marker = " (baseline)" if outcome.baseline is trial else ""
+        table.add_row(trial.trial_id + marker, trial.status, *[_show(trial.params.get(p)) for p in params],
                       f"{metrics.get('capacity_rps_per_accel', 0):.2f}{censored}",
                       f"{metrics.get('ref_ttft_p95_s', 0):.3f}", f"{metrics.get('ref_tpot_p95_s', 0):.4f}")
     console.print(table)
     if not outcome.pareto:
         console.print("no trial passed a load step: nothing is Pareto-optimal (see the trial reasons above)")
+    base = outcome.baseline
+    best = max(outcome.pareto, key=lambda t: t.metrics.get("capacity_rps_per_accel", 0), default=None)
+    if base is not None:
+        base_capacity = base.metrics.get("capacity_rps_per_accel", 0.0)
+        line = (f"baseline (vLLM defaults), trial {base.trial_id}: {base.status}, capacity "
+                f"{base_capacity:.2f} rps/accel, ref ttft p95 {base.metrics.get('ref_ttft_p95_s', 0):.3f}s")
+        if best is not None and best is not base and base_capacity > 0:
+            gain = best.metrics.get("capacity_rps_per_accel", 0) / base_capacity
+            line += f"; best capacity {gain:.2f}x the baseline (trial {best.trial_id})"
+        console.print(line)
     console.print(f"MLflow: {outcome.tracking_uri}  experiment {outcome.experiment!r}, "
                   f"parent run {outcome.parent_run_id} (pareto.json, pareto.png)")
 

