@@ -195,7 +195,9 @@ class TrialRunner:
             reason = f"passed the whole ladder ({len(context.load_factors)} steps)"
         else:
             reason = ""
+        nodes = sorted({str(i.get("node")) for i in self.pool.info if i.get("node")})
         return {**summary.metrics, **ladder, **health, "num_accelerators": float(self.num_accelerators),
+                "replica_nodes": ",".join(nodes),
                 "engine_start_s": round(self.start_s, 2),
                 "step_wall_s": round(time.perf_counter() - began, 2),
                 "trial_status": "completed" if done else "running", "status_reason": reason,

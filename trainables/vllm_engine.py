@@ -96,7 +96,8 @@ class VllmEngine:
         finally:
             os.dup2(saved_stderr, 2)
             os.close(saved_stderr)
-        self.info.update(pid=os.getpid(), start_s=round(time.perf_counter() - started, 2))
+        self.info.update(pid=os.getpid(), start_s=round(time.perf_counter() - started, 2),
+                         node=_ray_node_id())
         return self.info
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
@@ -160,6 +161,16 @@ class VllmEngine:
         for handle in self._core_locks:
             handle.close()
         self._core_locks = []
+
+
+def _ray_node_id() -> str | None:
+    """The Ray node this replica runs on, when it runs inside a Ray actor."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def root_cause(error: BaseException) -> str:

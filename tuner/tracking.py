@@ -141,10 +141,20 @@ class TrialTracker:
             self._say(f"  {trial_id} infeasible: {outcome.reason}")
             return
         verdict = "pass" if metrics.get("slo_pass") else "FAIL"
+        health = ""
+        if metrics.get("replica_failures") or metrics.get("false_alarms"):
+            health = (f"  | {metrics.get('replica_failures', 0):.0f} replica(s) declared dead, detected in "
+                      f"{metrics.get('detection_s', 0):.1f}s, {metrics.get('false_alarms', 0):.0f} false "
+                      f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
+                      f"{metrics.get('lost_requests', 0):.0f} lost")
         self._say(f"  {trial_id} step {step} ({metrics.get('load_factor', 0):g}x, "
                   f"{metrics.get('offered_rps', 0):.2f} rps): {verdict}  headroom "
                   f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
-                  f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s")
+                  f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s"
+                  + health)
+        for key in ("replica_nodes",):
+            if isinstance(result.get(key), str) and result[key]:
+                self.client.set_tag(outcome.run_id, key, result[key])
 
     def trial_ended(self, trial_id: str, error: str | None) -> None:
         outcome = self.outcomes.get(trial_id)
