@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
 

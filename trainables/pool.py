@@ -13,8 +13,9 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from trainables.protocol import Engine, Finished, FirstToken, GenerateRequest, StreamItem
 from trainables.vllm_engine import EngineSpec, VllmEngine

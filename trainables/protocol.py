@@ -6,8 +6,9 @@ and so does the test stand-in (`tests/stand_in.py`). Nothing here imports vLLM o
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)

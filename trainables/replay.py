@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from trainables.pool import EnginePool
 from trainables.protocol import Finished, FirstToken, GenerateRequest, RequestRecord

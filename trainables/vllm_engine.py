@@ -13,9 +13,10 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
 from tuner.errors import EngineError

@@ -54,7 +54,7 @@ class LadderSection(_Strict):
     deadline_s: float = Field(15, gt=0, description="after the last send; unfinished = failed")
 
     @model_validator(mode="after")
-    def _check(self) -> "LadderSection":
+    def _check(self) -> LadderSection:
         if sorted(self.factors) != self.factors or any(f <= 0 for f in self.factors):
             raise ValueError(f"factors must be positive and increasing, but got {self.factors}")
         if self.reference_factor not in self.factors:
@@ -133,7 +133,7 @@ class SearchConfig(_Strict):
         return str(parse_slo(value))
 
     @model_validator(mode="after")
-    def _faults_within_ladder(self) -> "SearchConfig":
+    def _faults_within_ladder(self) -> SearchConfig:
         for index, fault in enumerate(self.faults):
             if fault.step > len(self.ladder.factors):
                 raise ValueError(f"faults.{index}.step: {fault.step} is beyond the ladder's "

@@ -8,11 +8,13 @@ comparable metrics (never from Optuna's view, which counts stopped trials as com
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -158,10 +160,10 @@ def run_search(config: SearchConfig, *, tracking_uri: str | None = None, address
     runtime_env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
                                 "TOKENIZERS_PARALLELISM": "false"}}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
     else:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, runtime_env=runtime_env,
-                 log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
+                 log_to_driver=False, logging_level=logging.ERROR, _node_ip_address="127.0.0.1")
     try:
         if dry_run:
             _check_placeable(prepared)

@@ -23,7 +23,7 @@ import math
 import operator
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -47,7 +47,7 @@ class IntParam(_Strict):
     log: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "IntParam":
+    def _check(self) -> IntParam:
         if self.low > self.high:
             raise ValueError(f"`low <= high` must hold, but got low={self.low} and high={self.high}")
         if self.log and (self.low < 1 or self.step != 1):
@@ -63,7 +63,7 @@ class FloatParam(_Strict):
     log: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "FloatParam":
+    def _check(self) -> FloatParam:
         if self.low > self.high:
             raise ValueError(f"`low <= high` must hold, but got low={self.low} and high={self.high}")
         if self.log and (self.low <= 0 or self.step is not None):
@@ -76,7 +76,7 @@ class CategoricalParam(_Strict):
     choices: list[Any] = Field(min_length=1)
 
 
-Param = Annotated[Union[IntParam, FloatParam, CategoricalParam], Field(discriminator="type")]
+Param = Annotated[IntParam | FloatParam | CategoricalParam, Field(discriminator="type")]
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(>=|<=)\s*([A-Za-z_]\w*|-?\d+(?:\.\d+)?)\s*$")
 _OPS = {">=": operator.ge, "<=": operator.le}
 
@@ -84,9 +84,9 @@ _OPS = {">=": operator.ge, "<=": operator.le}
 class SearchSpace(_Strict):
     """A validated search space: tunable parameters, fixed values, constraints, baseline."""
 
-    parameters: dict[str, Union[Param, bool, int, float, str]]
+    parameters: dict[str, Param | bool | int | float | str]
     constraints: list[str] = []
-    baseline: Union[Literal["vllm-defaults"], dict[str, Any]] = "vllm-defaults"
+    baseline: Literal["vllm-defaults"] | dict[str, Any] = "vllm-defaults"
     description: str = ""
 
     @property
@@ -111,7 +111,7 @@ class SearchSpace(_Strict):
             out.append((left, op, value))
         return out
 
-    def define_by_run(self) -> "DefineByRun":
+    def define_by_run(self) -> DefineByRun:
         """The Optuna define-by-run function (picklable, so Tune can checkpoint the searcher)."""
         return DefineByRun(self)
 
@@ -127,7 +127,7 @@ class SearchSpace(_Strict):
                     bounds[name] = (min(numeric), max(numeric))
             elif isinstance(spec, (int, float)) and not isinstance(spec, bool):
                 bounds[name] = (spec, spec)
-        for (left, op, right), text in zip(self.parsed_constraints(), self.constraints):
+        for (left, op, right), text in zip(self.parsed_constraints(), self.constraints, strict=True):
             l_low, l_high = bounds.get(left, (float("-inf"), float("inf")))
             r_low, r_high = bounds.get(right, (float("-inf"), float("inf"))) if isinstance(right, str) \
                 else (right, right)

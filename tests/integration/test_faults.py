@@ -4,7 +4,6 @@ that cost capacity."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest

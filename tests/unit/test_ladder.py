@@ -19,7 +19,7 @@ def test_rate_and_duration_are_honoured_by_cycling_the_workload():
                      vocab_size=4096)
     # 10 requests a pass at 1 rps -> 4 rps: gaps of 0.25 s, 40 requests in 10 s.
     assert len(plan) == 40
-    assert all(b.scheduled_s - a.scheduled_s == pytest.approx(0.25) for a, b in zip(plan, plan[1:]))
+    assert all(b.scheduled_s - a.scheduled_s == pytest.approx(0.25) for a, b in zip(plan, plan[1:], strict=False))
     assert max(p.scheduled_s for p in plan) < 10.0
     assert [p.in_warmup for p in plan] == [p.scheduled_s < 2.0 for p in plan]
 
