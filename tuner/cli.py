@@ -44,10 +44,12 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--workload", default=None, help="Trace file; overrides workload.path.")
 @click.option("--trial-timeout-s", type=float, default=None,
               help="A trial still running after this long ends as infeasible; overrides budget.trial_timeout_s.")
+@click.option("--resume", is_flag=True,
+              help="Continue the latest unfinished search named --name (after the driver was killed).")
 @click.option("--dry-run", is_flag=True,
               help="Validate everything and check placement; start no engine and write nothing.")
 def search(config_path, name, num_samples, time_budget_s, tracking_uri, address, space, slo, model,
-           workload, trial_timeout_s, dry_run) -> None:
+           workload, trial_timeout_s, resume, dry_run) -> None:
     """Run a search (on the embedded defaults when no --config is given)."""
     from tuner.config import load_config
     from tuner.search import run_search
@@ -57,7 +59,7 @@ def search(config_path, name, num_samples, time_budget_s, tracking_uri, address,
         "tracking.uri": tracking_uri, "ray.address": address, "space": space, "slo": slo,
         "model.path": model, "workload.path": workload, "budget.trial_timeout_s": trial_timeout_s},
         flags=FLAGS)
-    outcome = run_search(config, progress=lambda line: print(line, flush=True), dry_run=dry_run)
+    outcome = run_search(config, progress=lambda line: print(line, flush=True), dry_run=dry_run, resume=resume)
     if outcome is not None:
         print_summary(outcome)
 

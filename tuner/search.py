@@ -17,13 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from tuner import __version__
 from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
 from tuner.space import POOL_PARAMS, SearchSpace, load_space
-from tuner.tracking import TrialOutcome, TrialTracker, client_for, default_tracking_uri, start_parent_run
+from tuner.tracking import (
+    TrialOutcome,
+    TrialTracker,
+    active_tracker,
+    client_for,
+    default_tracking_uri,
+    experiment_id,
+    start_parent_run,
+)
 from tuner.workload.formats import load_workload
 from tuner.workload.records import Workload
 from tuner.workload.transforms import TransformSpec, apply_transforms
@@ -137,7 +146,8 @@ def _vocab_size(model_path: str) -> int:
 
 
 def run_search(config: SearchConfig, *, tracking_uri: str | None = None, address: str | None = None,
-               progress: Callable[[str], None] = print, dry_run: bool = False) -> SearchOutcome | None:
+               progress: Callable[[str], None] = print, dry_run: bool = False,
+               resume: bool = False) -> SearchOutcome | None:
     """Run the whole search and return its outcome; Ray is always shut down, engines always stopped.
 
     With `dry_run`, validate everything and check that every candidate can be placed on the cluster,
@@ -170,7 +180,7 @@ def run_search(config: SearchConfig, *, tracking_uri: str | None = None, address
             for line in dry_run_summary(prepared):
                 progress(line)
             return None
-        return _run(prepared, progress, started)
+        return _run(prepared, progress, started, resume=resume)
     finally:
         ray.shutdown()
 
@@ -262,12 +272,10 @@ def _largest(space: SearchSpace, name: str, default: int) -> int:
     return int(spec.high)
 
 
-def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: float) -> SearchOutcome:
+def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: float,
+         resume: bool = False) -> SearchOutcome:
     import ray
-    from optuna.samplers import TPESampler
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
-    from ray.tune.search.optuna import OptunaSearch
 
     from trainables.pool import HealthPolicy
     from trainables.trial import Fault, TrialContext
@@ -297,59 +305,28 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
 
     client = client_for(prepared.tracking_uri)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    storage = (REPO_ROOT / "reports" / "ray_results").resolve()
+    tune_path = storage / f"{config.name}-{stamp}"
     config_yaml = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-    parent = start_parent_run(
-        client, config.name, run_name=f"search-{stamp}",
-        params={"slo": config.slo, "space": config.space, "model": prepared.model_path,
-                "workload": prepared.workload.provenance.get("source"),
-                "reference_rps": round(prepared.reference_rps, 4),
-                "load_factors": ",".join(f"{f:g}" for f in ladder.factors),
-                "num_samples": config.budget.num_samples, "device": "cpu" if prepared.on_cpu else "gpu",
-                "vllm_version": _vllm_version(), "tool_version": __version__,
-                "objectives": ",".join(f"{o.mode}:{o.metric}" for o in config.objectives)},
-        tags={"slo": config.slo, "workload_sha256": str(prepared.workload.provenance.get("sha256", ""))},
-        documents={"search_config.yaml": config_yaml,
-                   "search_space.yaml": yaml.safe_dump(prepared.space.model_dump(mode="json"),
-                                                       sort_keys=False),
-                   "workload.json": prepared.workload.provenance,
-                   "baseline.json": prepared.baseline})
+    if resume:
+        parent, resumed_path = find_resumable(client, config.name)
+        client.set_tag(parent, "resumed_at", stamp)
+    else:
+        parent = _new_parent(client, prepared, stamp, config_yaml, str(tune_path))
     tracker = TrialTracker(client, config.name, parent, progress=progress,
                            total_trials=config.budget.num_samples)
-
-    class RecordingASHA(ASHAScheduler):
-        """ASHA that remembers which trials it stopped, so their status says who stopped them."""
-
-        def on_trial_result(self, tune_controller, trial, result):
-            decision = super().on_trial_result(tune_controller, trial, result)
-            if decision == TrialScheduler.STOP and not result.get("done"):
-                tracker.stopped_by_scheduler[trial.trial_id] = (
-                    f"stopped by ASHA after step {int(result.get('load_step', 0))}: "
-                    f"{config.asha.metric} {result.get(config.asha.metric, 0):.2f} in the lower part of its rung")
-            return decision
-
-    reference_step = ladder.factors.index(ladder.reference_factor) + 1
-    scheduler = RecordingASHA(time_attr="load_step", metric=config.asha.metric, mode=config.asha.mode,
-                              max_t=len(ladder.factors), grace_period=config.asha.grace_period or reference_step,
-                              reduction_factor=config.asha.reduction_factor, stop_last_trials=False)
-    startup = max(2, min(10, config.budget.num_samples // 3))
-    searcher = OptunaSearch(space=prepared.space.define_by_run(),
-                            metric=[o.metric for o in config.objectives],
-                            mode=[o.mode for o in config.objectives],
-                            sampler=TPESampler(seed=config.seed, n_startup_trials=startup, multivariate=True),
-                            points_to_evaluate=[prepared.baseline] if prepared.baseline else None)
+    if resume:
+        adopted, interrupted = tracker.adopt_runs(
+            "interrupted when the search driver stopped; not rerun (capacity is a lower bound)")
+        progress(f"resuming search {config.name!r} (parent run {parent}): {adopted} trial(s) recorded, "
+                 f"{interrupted} of them interrupted and closed")
     trainable = tune.with_resources(tune.with_parameters(PoolTrial, context=context),
                                     resources=trial_resources(context))
-    storage = (REPO_ROOT / "reports" / "ray_results").resolve()
-    tuner = tune.Tuner(
-        trainable,
-        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                    num_samples=config.budget.num_samples,
-                                    time_budget_s=config.budget.time_budget_s,
-                                    max_concurrent_trials=config.budget.max_concurrent_trials,
-                                    reuse_actors=False),
-        run_config=tune.RunConfig(name=f"{config.name}-{stamp}", storage_path=str(storage),
-                                  callbacks=[tracker.callback], verbose=0,
-                                  failure_config=tune.FailureConfig(max_failures=0)))
+    if resume:
+        tuner = tune.Tuner.restore(resumed_path, trainable=trainable, resume_unfinished=False,
+                                   resume_errored=False, restart_errored=False)
+    else:
+        tuner = _new_tuner(prepared, trainable, tracker, tune_path)
     progress(f"search {config.name!r}: {config.budget.num_samples} trials, space {config.space}, "
              f"SLO {config.slo}, ladder {', '.join(f'{f:g}x' for f in ladder.factors)} of "
              f"{prepared.reference_rps:.2f} rps per accelerator; MLflow {prepared.tracking_uri}")
@@ -363,6 +340,93 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
         tracker.close_open_runs("the search ended before this trial finished")
         outcome = _finish(client, prepared, tracker, parent, started, status)
     return outcome
+
+
+def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, tune_path: str) -> str:
+    config, ladder = prepared.config, prepared.config.ladder
+    return start_parent_run(
+        client, config.name, run_name=f"search-{stamp}",
+        params={"slo": config.slo, "space": config.space, "model": prepared.model_path,
+                "workload": prepared.workload.provenance.get("source"),
+                "reference_rps": round(prepared.reference_rps, 4),
+                "load_factors": ",".join(f"{f:g}" for f in ladder.factors),
+                "num_samples": config.budget.num_samples, "device": "cpu" if prepared.on_cpu else "gpu",
+                "vllm_version": _vllm_version(), "tool_version": __version__,
+                "objectives": ",".join(f"{o.mode}:{o.metric}" for o in config.objectives)},
+        tags={"slo": config.slo, "workload_sha256": str(prepared.workload.provenance.get("sha256", "")),
+              "tune_experiment_path": tune_path},
+        documents={"search_config.yaml": config_yaml,
+                   "search_space.yaml": yaml.safe_dump(prepared.space.model_dump(mode="json"),
+                                                       sort_keys=False),
+                   "workload.json": prepared.workload.provenance,
+                   "baseline.json": prepared.baseline})
+
+
+def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_path):
+    from optuna.samplers import TPESampler
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    config, ladder = prepared.config, prepared.config.ladder
+    reference_step = ladder.factors.index(ladder.reference_factor) + 1
+    scheduler = RecordingASHA(time_attr="load_step", metric=config.asha.metric, mode=config.asha.mode,
+                                  max_t=len(ladder.factors),
+                                  grace_period=config.asha.grace_period or reference_step,
+                                  reduction_factor=config.asha.reduction_factor, stop_last_trials=False)
+    startup = max(2, min(10, config.budget.num_samples // 3))
+    searcher = OptunaSearch(space=prepared.space.define_by_run(),
+                            metric=[o.metric for o in config.objectives],
+                            mode=[o.mode for o in config.objectives],
+                            sampler=TPESampler(seed=config.seed, n_startup_trials=startup, multivariate=True),
+                            points_to_evaluate=[prepared.baseline] if prepared.baseline else None)
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                    num_samples=config.budget.num_samples,
+                                    time_budget_s=config.budget.time_budget_s,
+                                    max_concurrent_trials=config.budget.max_concurrent_trials,
+                                    reuse_actors=False),
+        run_config=tune.RunConfig(name=tune_path.name, storage_path=str(tune_path.parent),
+                                  callbacks=[tracker.callback], verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+
+
+class RecordingASHA(ASHAScheduler):
+    """ASHA that remembers which trials it stopped, so their status says who stopped them.
+
+    It records into the tracker active in this process, so a scheduler restored on resume still does.
+    """
+
+    def on_trial_result(self, tune_controller, trial, result):
+        decision = super().on_trial_result(tune_controller, trial, result)
+        tracker = active_tracker()
+        if decision == TrialScheduler.STOP and not result.get("done") and tracker is not None:
+            tracker.stopped_by_scheduler[trial.trial_id] = (
+                f"stopped by ASHA after step {int(result.get('load_step', 0))}: {self._metric} "
+                f"{result.get(self._metric, 0):.2f} in the lower part of its rung")
+        return decision
+
+
+def find_resumable(client, experiment: str) -> tuple[str, str]:
+    """The latest unfinished search of `experiment`: (parent run id, Tune experiment folder).
+
+    Raises TrackingError when there is none to resume.
+    """
+    from ray import tune
+
+    exp_id = experiment_id(client, experiment, create=False)
+    runs = client.search_runs([exp_id], filter_string="tags.run_kind = 'search'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise TrackingError(f"--resume: experiment {experiment!r} has no search to resume")
+    run = runs[0]
+    if run.info.status == "FINISHED":
+        raise TrackingError(f"--resume: the latest search of {experiment!r} (run {run.info.run_id}) "
+                            "finished; start a new one without --resume")
+    path = run.data.tags.get("tune_experiment_path", "")
+    if not path or not tune.Tuner.can_restore(path):
+        raise TrackingError(f"--resume: Ray Tune's state for run {run.info.run_id} is missing ({path or 'no path'})")
+    return run.info.run_id, path
 
 
 def _finish(client, prepared: PreparedSearch, tracker: TrialTracker, parent: str, started: float,

@@ -74,6 +74,21 @@ class TrialOutcome:
     closed: bool = False
 
 
+# The tracker of the search running in this process. Tune pickles its callbacks and scheduler with the
+# experiment; on resume they are unpickled as references to this one rather than as stale copies.
+_ACTIVE: dict[str, TrialTracker] = {}
+
+
+def active_tracker() -> TrialTracker | None:
+    return _ACTIVE.get("tracker")
+
+
+def _active_callback():
+    tracker = active_tracker()
+    assert tracker is not None, "a restored search needs a TrialTracker in this process"
+    return tracker.callback
+
+
 class TrialTracker:
     """Ray Tune callback: a nested MLflow run per trial, metrics per load step, status tags at the end.
 
@@ -109,7 +124,37 @@ class TrialTracker:
                 error = getattr(trial, "error_message", None) or "the trial raised an error"
                 tracker.trial_ended(trial.trial_id, error=str(error).strip().splitlines()[-1])
 
+            def __reduce__(self):
+                return (_active_callback, ())
+
         self.callback = _Callback()
+        _ACTIVE["tracker"] = self
+
+    def adopt_runs(self, reason: str) -> tuple[int, int]:
+        """On resume: take over the trial runs already under the parent run. Runs of trials that were
+        interrupted are closed as early_stopped with `reason` (their trials are not rerun).
+        Returns (runs adopted, of which interrupted)."""
+        runs = self.client.search_runs([self.experiment_id],
+                                       filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_run_id}'",
+                                       max_results=10_000)
+        interrupted = 0
+        for run in runs:
+            trial_id = run.data.tags.get("trial_id")
+            if not trial_id:
+                continue
+            status = run.data.tags.get("trial_status", "running")
+            outcome = TrialOutcome(trial_id, run.info.run_id, dict(run.data.params),
+                                   metrics=dict(run.data.metrics), status=status,
+                                   reason=run.data.tags.get("status_reason", ""),
+                                   steps=int(run.data.metrics.get("load_step", 0)), closed=True)
+            if status not in ("completed", "early_stopped", "infeasible") or run.info.status == "RUNNING":
+                interrupted += 1
+                outcome.status, outcome.reason = "early_stopped", reason
+                self.client.set_tag(run.info.run_id, "trial_status", outcome.status)
+                self.client.set_tag(run.info.run_id, "status_reason", reason)
+                self.client.set_terminated(run.info.run_id, "KILLED")
+            self.outcomes[trial_id] = outcome
+        return len(self.outcomes), interrupted
 
     def trial_started(self, trial_id: str, params: dict[str, Any]) -> None:
         if trial_id in self.outcomes:

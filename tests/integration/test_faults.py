@@ -4,8 +4,6 @@ that cost capacity."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from helpers import ENGINE_PATTERN, leftover_processes
 
@@ -19,19 +17,6 @@ pytestmark = pytest.mark.integration
 
 WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=24) for i in range(50)),
                     {"source": "test"})
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    os.environ["RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper"] = "true"
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
-    yield ray
-    ray.shutdown()
-    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
 
 
 def _context(**overrides) -> TrialContext:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import pytest
@@ -18,19 +17,6 @@ from tuner.tiny_model import ensure_tiny_model
 from tuner.workload.records import Request, Workload
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    os.environ["RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper"] = "true"
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
-    yield ray
-    ray.shutdown()
-    assert leftover_processes() == []
 
 
 def _spec(**overrides) -> EngineSpec:
