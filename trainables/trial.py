@@ -21,14 +21,13 @@ from trainables.vllm_engine import EngineSpec
 from tuner.errors import EngineError
 from tuner.metrics import StepSummary, ladder_metrics, summarize_step
 from tuner.slo import parse_slo
+from tuner.space import POOL_PARAMS
 from tuner.workload.records import Workload
 
 log = logging.getLogger(__name__)
 
 # vLLM's default gpu_memory_utilization, used for the KV size on CPU when a candidate does not set it.
 DEFAULT_MEMORY_FRACTION = 0.9
-# Parameters the pool consumes; every other parameter is a vLLM engine argument.
-POOL_PARAMS = ("num_replicas", "heartbeat_period_s", "heartbeat_timeout_s", "failure_threshold")
 
 
 @dataclass(frozen=True)
