@@ -46,7 +46,12 @@ def experiment_id(client, name: str, *, create: bool) -> str:
         return found.experiment_id
     if not create:
         raise TrackingError(f"no MLflow experiment named {name!r} in {client.tracking_uri}")
-    return client.create_experiment(name)
+    artifacts = None
+    if str(client.tracking_uri).startswith("sqlite:///"):
+        # Beside the database, not in ./mlruns of whatever folder the command ran in.
+        root = Path(str(client.tracking_uri).removeprefix("sqlite:///")).parent / "mlartifacts"
+        artifacts = (root / name).resolve().as_uri()
+    return client.create_experiment(name, artifact_location=artifacts)
 
 
 def measurable(result: dict[str, Any]) -> dict[str, float]:
