@@ -41,15 +41,29 @@ class HealthPolicy:
 
 @dataclass(frozen=True)
 class Declaration:
-    """A replica declared dead: when, and when a fault was injected into it (None: a false alarm)."""
+    """A replica declared dead: when, when a fault was injected into it, and the error it failed with.
+
+    Without an injected fault it either crashed on its own (it answered with an error: `cause`) or was
+    a false alarm (it only failed to answer in time: no cause).
+    """
 
     replica: int
     declared_at: float
     fault_at: float | None
+    cause: str | None = None
 
     @property
     def detection_s(self) -> float | None:
         return None if self.fault_at is None else self.declared_at - self.fault_at
+
+    @property
+    def crashed(self) -> bool:
+        """Died on its own: no fault was injected, and it failed with an error rather than a timeout."""
+        return self.fault_at is None and self.cause is not None
+
+    @property
+    def false_alarm(self) -> bool:
+        return self.fault_at is None and self.cause is None
 
 
 # Starts a replacement for slot i: returns the new replica and facts about it.
@@ -81,6 +95,7 @@ class EnginePool:
         self._tasks: list[asyncio.Task] = []
         self._pings: set[asyncio.Task] = set()
         self._misses = [0] * count
+        self._errors: list[str | None] = [None] * count  # the latest error a replica failed with
         self._generation = [0] * count
 
     # -- routing -------------------------------------------------------------------------------------
@@ -124,7 +139,7 @@ class EnginePool:
         """Stream one attempt on one replica; ends early (no Finished) if the replica is declared dead."""
         self.outstanding[index] += 1
         self._assigned[index] += 1
-        dead = self._dead[index]
+        dead, generation = self._dead[index], self._generation[index]
         stream = self.replicas[index].generate(request).__aiter__()
         waiter = asyncio.ensure_future(dead.wait())
         try:
@@ -140,7 +155,9 @@ class EnginePool:
                 except StopAsyncIteration:
                     return
                 except Exception as error:  # the actor died: stop routing to it until the monitor decides
-                    self._suspect[index] = True
+                    if generation == self._generation[index]:  # not the death of a replica we killed
+                        self._suspect[index] = True
+                        self._errors[index] = error_line(error)
                     yield Finished(request.request_id, 0, (), error=f"replica {index}: {error_line(error)}")
                     return
                 yield item
@@ -183,18 +200,24 @@ class EnginePool:
     async def _ping_once(self, index: int, generation: int) -> None:
         policy = self.health
         assert policy is not None
+        error: str | None = None
         try:
             await asyncio.wait_for(self.replicas[index].ping(), policy.timeout_s)
             answered = True
         except asyncio.CancelledError:
             raise
-        except Exception:  # timed out, or the actor is gone: a miss either way
+        except asyncio.TimeoutError:  # no answer in time: a miss, but no sign of a crash
             answered = False
+        except Exception as failure:  # the actor or its engine is gone: a miss with a reason
+            answered, error = False, error_line(failure)
         if generation != self._generation[index] or not self.alive[index]:
             return  # an answer about a replica already declared dead or replaced
         if answered:
             self._misses[index] = 0
+            self._errors[index] = None
             return
+        if error is not None:
+            self._errors[index] = error
         self._misses[index] += 1
         if self._misses[index] >= policy.failure_threshold:
             await self._declare_dead(index)
@@ -204,7 +227,8 @@ class EnginePool:
         self.alive[index] = False
         self._generation[index] += 1
         self._misses[index] = 0
-        self.declarations.append(Declaration(index, now, self.faults.pop(index, None)))
+        self.declarations.append(Declaration(index, now, self.faults.pop(index, None), self._errors[index]))
+        self._errors[index] = None
         self._dead[index].set()
         replica = self.replicas[index]
         kill = getattr(replica, "kill", None)
@@ -228,6 +252,7 @@ class EnginePool:
         self.replicas[index], self.info[index] = replica, info
         self._dead[index] = asyncio.Event()
         self._suspect[index] = False
+        self._errors[index] = None
         self.alive[index] = True
 
     async def inject_fault(self, index: int, kind: str) -> None:

@@ -118,10 +118,12 @@ class TrialRunner:
         self.spec, self.num_replicas, self.tp = engine_spec(context, params)
         self.health = health_policy(context, params)
         self._declarations_seen = 0
+        self._crash = None  # a replica declared dead this step without an injected fault, if any
         self.num_accelerators = self.num_replicas * self.tp
         self.slo = parse_slo(context.slo)
         self.steps: list[StepSummary] = []
         self.ref_records: list[RequestRecord] | None = None
+        self.last_records: list[RequestRecord] = []  # the latest step's, for benchmarks and tests
         self.failure: str | None = None
         self.pool: EnginePool | None = None
         self.start_s = 0.0
@@ -176,6 +178,7 @@ class TrialRunner:
                                  offered_rps=rate,
                                  window_s=context.step_duration_s - context.warmup_s)
         self.steps.append(summary)
+        self.last_records = records
         if step == context.reference_step:
             self.ref_records = records
         crashed = [r.error for r in records if r.error and r.error.startswith("replica ")]
@@ -183,6 +186,11 @@ class TrialRunner:
             self.failure = f"replicas crashed during step {step}: {crashed[0]}"
             return self._infeasible_result(self.failure)
         health = self._health_metrics(records, len(plan))
+        if self._crash is not None:
+            # A replica that dies without an injected fault is a config that crashes the engine.
+            self.failure = (f"replica {self._crash.replica} crashed during step {step} (no fault was "
+                            f"injected): {self._crash.cause}")
+            return self._infeasible_result(self.failure)
         ladder = ladder_metrics(self.steps, ref_load_step=context.reference_step,
                                 ladder_len=len(context.load_factors),
                                 num_accelerators=self.num_accelerators,
@@ -229,11 +237,12 @@ class TrialRunner:
         assert self.pool is not None
         new = self.pool.declarations[self._declarations_seen:]
         self._declarations_seen = len(self.pool.declarations)
+        self._crash = next((d for d in new if d.crashed), None)
         detections = [d.detection_s for d in new if d.detection_s is not None]
         accounted = sum(1 for r in records if r.ok or r.error)
         return {"replica_failures": float(len(new)),
                 "detection_s": max(detections) if detections else 0.0,
-                "false_alarms": float(sum(1 for d in new if d.fault_at is None)),
+                "false_alarms": float(sum(1 for d in new if d.false_alarm)),
                 "retried_requests": float(sum(1 for r in records if r.retries)),
                 "lost_requests": float(planned - accounted)}
 

@@ -128,12 +128,37 @@ class VllmEngine:
                     if stats is not None and getattr(stats, "scheduled_ts", 0) and stats.queued_ts:
                         queue_s = max(0.0, stats.scheduled_ts - stats.queued_ts)
         except Exception as error:
+            if self._engine is not None and self._engine.errored:
+                # The engine is dead, not just this request: fail the replica, so the pool stops routing
+                # to it and retries its requests elsewhere.
+                raise EngineError(f"vLLM engine died: {self._death_reason()}") from None
             yield Finished(request.request_id, produced, tuple(gaps), queue_s, error=root_cause(error))
             return
         yield Finished(request.request_id, produced, tuple(gaps), queue_s)
 
     async def ping(self) -> float:
+        """Answers while the engine lives; raises EngineError with vLLM's reason once it has died."""
+        if self._engine is not None and self._engine.errored:
+            raise EngineError(f"vLLM engine died: {self._death_reason()}")
         return time.monotonic()
+
+    def _death_reason(self) -> str:
+        """Why the engine died: the last error its processes wrote (their stderr is the engine log), else
+        how its engine-core process ended, else vLLM's generic EngineDeadError."""
+        reason = _reason_from_log(self._log_path) if self._log_path is not None else None
+        if reason and "EngineDeadError" not in reason:
+            return reason
+        try:  # vLLM internals: the engine-core processes of the multiprocessing client
+            processes = self._engine.engine_core.resources.engine_manager.processes
+            codes = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+        except AttributeError:
+            codes = []
+        if codes:
+            code = codes[0]
+            how = f"killed by signal {-code}" + (" (SIGKILL: out of memory?)" if code == -9 else "") \
+                if code < 0 else f"exit status {code}"
+            return f"the engine-core process ended ({how})"
+        return root_cause(self._engine.dead_error)
 
     async def freeze(self) -> None:
         """Fault injection: stop this whole process (SIGSTOP). Only ever called inside its own actor."""

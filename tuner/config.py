@@ -73,7 +73,8 @@ class AshaSection(_Strict):
     metric: str = "slo_headroom"
     mode: Literal["max", "min"] = "max"
     reduction_factor: float = Field(2, gt=1)
-    grace_period: int | None = Field(None, ge=1, description="null = the reference step")
+    grace_period: int | None = Field(
+        None, ge=1, description="null = the first step at twice the reference load (or the last step)")
 
 
 class BudgetSection(_Strict):

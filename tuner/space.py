@@ -136,9 +136,32 @@ class SearchSpace(_Strict):
                                   f" and the other side in [{r_low:g}, {r_high:g}]")
 
 
+    def check_baseline(self, baseline: dict[str, Any], origin: str) -> None:
+        """Raise ConfigError unless the baseline can be sampled: categorical values among the choices,
+        constraints met (Optuna cannot replay a point outside its distributions). `origin` says where
+        the values came from."""
+        for name, value in baseline.items():
+            spec = self.tunable.get(name)
+            if isinstance(spec, CategoricalParam) and value not in spec.choices:
+                raise ConfigError(f"baseline: {origin} has {name}={value!r}, not among the choices "
+                                  f"{spec.choices}; add it, or give 'baseline:' as a dict of values")
+        values = {**self.fixed, **baseline}
+        for (left, op, right), text in zip(self.parsed_constraints(), self.constraints, strict=True):
+            a, b = values.get(left), values.get(right) if isinstance(right, str) else right
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not (
+                    a >= b if op == ">=" else a <= b):
+                raise ConfigError(f"baseline: {origin} has {left}={a!r} and breaks the constraint {text!r}; "
+                                  "give 'baseline:' as a dict of values that meets it")
+
 class DefineByRun:
-    """Samples every tunable parameter in order, honouring constraints; returns the fixed values,
-    which Ray merges into the trial's config."""
+    """Samples every tunable parameter from its declared distribution, then repairs the point to meet
+    the constraints (each value moved to the nearest allowed one, in the order written). Returns the
+    fixed and repaired values, which Ray merges over the sampled ones into the trial's config.
+
+    The distributions never change from trial to trial, so Optuna's model-based samplers (GP,
+    multivariate TPE) model every parameter jointly; narrowing a range by a constraint would make it
+    a different distribution in each trial, which they can only sample independently.
+    """
 
     def __init__(self, space: SearchSpace) -> None:
         self.tunable = space.tunable
@@ -148,14 +171,30 @@ class DefineByRun:
     def __call__(self, trial: Any) -> dict[str, Any]:
         chosen: dict[str, Any] = dict(self.fixed)
         for name, spec in self.tunable.items():
-            low, high, choices = _narrow(name, spec, self.constraints, chosen)
             if isinstance(spec, IntParam):
-                chosen[name] = trial.suggest_int(name, int(low), int(high), step=spec.step, log=spec.log)
+                value = trial.suggest_int(name, spec.low, spec.high, step=spec.step, log=spec.log)
             elif isinstance(spec, FloatParam):
-                chosen[name] = trial.suggest_float(name, low, high, step=spec.step, log=spec.log)
+                value = trial.suggest_float(name, spec.low, spec.high, step=spec.step, log=spec.log)
             else:
-                chosen[name] = trial.suggest_categorical(name, choices)
-        return dict(self.fixed)
+                value = trial.suggest_categorical(name, spec.choices)
+            chosen[name] = repair(value, *_narrow(name, spec, self.constraints, chosen))
+        return chosen
+
+
+def repair(value: Any, low: Any, high: Any, choices: list[Any]) -> Any:
+    """The allowed value nearest to `value`: clamped into [low, high], or the nearest allowed choice."""
+    if choices:
+        if value in choices:
+            return value
+        numeric = [c for c in choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if numeric and isinstance(value, (int, float)):
+            return min(numeric, key=lambda c: abs(c - value))
+        return choices[0]
+    if low is not None and value < low:
+        return type(value)(low)
+    if high is not None and value > high:
+        return type(value)(high)
+    return value
 
 
 def _narrow(name: str, spec: Any, constraints, chosen: dict[str, Any]):

@@ -1,8 +1,13 @@
 """Real faults in a real two-replica vLLM CPU pool: a killed and a frozen replica are detected within the
 bound, replaced, their requests retried, none lost; a too-tight timeout under load raises false alarms
-that cost capacity."""
+that cost capacity; an engine that dies without an injected fault makes the trial infeasible."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
 
 import pytest
 from helpers import ENGINE_PATTERN, leftover_processes
@@ -75,3 +80,34 @@ def test_a_too_tight_timeout_under_load_raises_false_alarms_that_cost_capacity(r
     # Killing healthy replicas costs the search: worse SLO headroom and goodput at the same load.
     assert tight["slo_headroom"] < loose["slo_headroom"]
     assert tight["goodput_rps"] <= loose["goodput_rps"]
+
+
+def test_an_engine_that_dies_on_its_own_makes_the_trial_infeasible_with_the_reason(ray_local):
+    # No fault injected: the engine-core process of replica 0 is killed from outside, as the kernel's
+    # OOM killer would. The pool still retries its requests; the trial is a config that crashes.
+    async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
+        return await start_ray_pool(spec, replicas, placement_group=None, health=health, replace=True)
+
+    context = _context(load_factors=(1.0, 1.5), reference_factor=1.0, slo="e2e:p99<60s")
+    runner = TrialRunner(context, {"num_replicas": 2, "max_num_seqs": 16, "max_num_batched_tokens": 512,
+                                   "heartbeat_period_s": 0.5, "heartbeat_timeout_s": 2.0,
+                                   "failure_threshold": 2}, factory)
+    runner.start()
+    try:
+        assert runner.failure is None, runner.failure
+        actor_pid = runner.pool.info[0]["pid"]
+        children = subprocess.run(["pgrep", "-P", str(actor_pid)], capture_output=True, text=True).stdout.split()
+        assert children, "the replica's engine-core process"
+        timer = threading.Timer(3.0, lambda: [os.kill(int(c), signal.SIGKILL) for c in children])
+        timer.start()
+        result = runner.next_step()
+        timer.join()
+        assert result["trial_status"] == "infeasible" and result["done"]
+        reason = result["status_reason"]
+        assert reason.startswith("replica 0 crashed during step 1 (no fault was injected): vLLM engine died: "), \
+            reason
+        assert "signal 9" in reason or "Error" in reason, reason
+        assert runner.pool.declarations and runner.pool.declarations[0].crashed
+    finally:
+        runner.close()
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []

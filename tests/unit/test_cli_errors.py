@@ -38,6 +38,13 @@ def invoke(tmp_path):
     ("parameters:\n  num_replicas: {type: categorical, choices: []}\n", "num_replicas.choices"),
     ("parameters:\n  max_num_seqs: {type: int, low: 64, high: 128}\n  max_num_batched_tokens: "
      "{type: int, low: 8, high: 32}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n", "can never hold"),
+    # Optuna cannot replay a baseline outside the space: caught before the search, not in its first trial.
+    ("parameters:\n  max_num_seqs: {type: categorical, choices: [4, 12]}\n",
+     "not among the choices [4, 12]; add it, or give 'baseline:' as a dict"),
+    ("parameters:\n  max_num_seqs: {type: categorical, choices: [4, 64]}\n  max_num_batched_tokens: "
+     "{type: categorical, choices: [32, 128]}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n"
+     "baseline: {max_num_seqs: 64, max_num_batched_tokens: 32}\n",
+     "baseline: the given baseline has max_num_batched_tokens=32 and breaks the constraint"),
 ])
 def test_bad_search_spaces(invoke, space, expected):
     line = invoke(space=space)

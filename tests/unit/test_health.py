@@ -73,7 +73,41 @@ def test_a_replica_too_slow_to_answer_is_a_false_alarm():
     asyncio.run(run())
     assert [d.replica for d in pool.declarations] == [0]
     assert pool.declarations[0].fault_at is None and pool.declarations[0].detection_s is None
+    assert pool.declarations[0].false_alarm and not pool.declarations[0].crashed
     assert slow.killed
+
+
+def test_a_replica_that_dies_on_its_own_is_a_crash_with_its_reason_not_a_false_alarm():
+    policy = HealthPolicy(period_s=0.05, timeout_s=0.2, failure_threshold=2)
+    made: list = []
+    dying = StandInEngine(tokens_per_s=600)
+    pool = EnginePool([dying, StandInEngine(tokens_per_s=600)], health=policy, replace=_replacer(made))
+
+    async def run():
+        pool.start_monitor()
+
+        async def die():
+            await asyncio.sleep(0.3)
+            dying.killed = True  # no inject_fault: nothing the search did
+
+        task = asyncio.ensure_future(die())
+        records = await replay_step(pool, _plan(30, 0.05), deadline_s=10, id_prefix="c")
+        await task
+        await pool.shutdown()
+        return records
+
+    records = asyncio.run(run())
+    declaration = pool.declarations[0]
+    assert declaration.crashed and not declaration.false_alarm and declaration.detection_s is None
+    assert "ActorDiedError: the actor died unexpectedly" in declaration.cause
+    assert all(r.ok for r in records) and made  # still replaced and retried, as for an injected fault
+
+
+def test_an_injected_kill_is_not_a_crash():
+    policy = HealthPolicy(period_s=0.05, timeout_s=0.2, failure_threshold=2)
+    pool = EnginePool([StandInEngine(), StandInEngine()], health=policy, replace=_replacer([]))
+    asyncio.run(_replay_with_fault(pool, "kill", at_s=0.2, n=10))
+    assert [(d.crashed, d.false_alarm) for d in pool.declarations] == [(False, False)]
 
 
 def test_a_generous_policy_never_declares_a_healthy_pool():

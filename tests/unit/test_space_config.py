@@ -24,12 +24,30 @@ def test_define_by_run_honours_constraints():
     space = load_space(SPACES_DIR / "cpu-smoke.yaml", known_engine_args=KNOWN)
     study = optuna.create_study(directions=["maximize"], sampler=optuna.samplers.RandomSampler(seed=0))
     sample = space.define_by_run()
+    repaired = 0
     for _ in range(50):
         trial = study.ask()
-        fixed = sample(trial)
-        assert fixed == {"enable_chunked_prefill": True, "enable_prefix_caching": True}
-        assert trial.params["max_num_batched_tokens"] >= trial.params["max_num_seqs"]
+        config = {**trial.params, **sample(trial)}  # what Ray's OptunaSearch makes the trial's config
+        assert config["enable_chunked_prefill"] is True and config["enable_prefix_caching"] is True
+        assert config["max_num_batched_tokens"] >= config["max_num_seqs"]
+        assert config["max_num_batched_tokens"] % 64 == 0, "repaired onto the declared grid"
+        repaired += config["max_num_batched_tokens"] != trial.params["max_num_batched_tokens"]
         study.tell(trial, 0.0)
+    assert repaired, "some samples broke the constraint and were repaired"
+
+
+def test_the_distributions_stay_the_same_so_model_based_samplers_see_every_parameter():
+    import optuna
+
+    space = load_space(SPACES_DIR / "cpu-smoke.yaml", known_engine_args=KNOWN)
+    study = optuna.create_study(directions=["maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
+    sample = space.define_by_run()
+    for _ in range(10):
+        trial = study.ask()
+        sample(trial)
+        study.tell(trial, 0.0)
+    intersection = optuna.search_space.intersection_search_space(study.get_trials(deepcopy=False))
+    assert set(intersection) == set(space.tunable)
 
 
 def _space(tmp_path, text: str):
@@ -88,3 +106,22 @@ def test_bad_configs_fail_with_one_line(tmp_path, text, expected):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_asha_first_rung_defaults_to_twice_the_reference_load():
+    from tuner.search import asha_grace_period
+
+    config = load_config()  # ladder 0.5x ... 3x, reference 1x
+    assert config.ladder.factors[asha_grace_period(config) - 1] == 2.0
+    assert asha_grace_period(load_config(overrides={"asha.grace_period": 2})) == 2
+    short = load_config(overrides={"ladder.factors": [0.5, 1.0, 1.5]})
+    assert asha_grace_period(short) == 3, "no step at 2x: the last step, where ASHA stops nothing"
+
+
+def test_the_sampler_is_optunas_gp_with_few_start_up_trials():
+    from optuna.samplers import GPSampler
+
+    from tuner.search import make_sampler, startup_trials
+
+    assert isinstance(make_sampler(0, 8), GPSampler)
+    assert [startup_trials(n) for n in (1, 8, 12, 20, 100)] == [2, 2, 2, 4, 10]

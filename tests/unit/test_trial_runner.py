@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 from stand_in import StandInEngine
 
-from trainables.pool import EnginePool
-from trainables.trial import TrialContext, TrialRunner, engine_spec, kv_cache_bytes
+from trainables.pool import EnginePool, HealthPolicy
+from trainables.trial import Fault, TrialContext, TrialRunner, engine_spec, kv_cache_bytes
 from tuner.errors import EngineError
 from tuner.workload.records import Request, Workload
 
@@ -107,3 +108,44 @@ def test_a_trial_over_its_time_limit_is_infeasible_and_still_cleaned_up():
     assert results[-1]["trial_status"] == "infeasible"
     assert "exceeded the trial time limit of 1.5s" in results[-1]["status_reason"]
     assert engines[0].shut_down
+
+
+
+def _healing_factory(engines, *, kill_at_s: float | None = None, victim: int = 1):
+    """Pools with heartbeats and replacement; with `kill_at_s`, replica `victim` dies on its own then."""
+
+    async def make(spec, replicas, health):
+        async def replace(index):
+            return StandInEngine(tokens_per_s=5000, max_batch=32), {}
+
+        pool = EnginePool(engines[:replicas], health=HealthPolicy(0.05, 0.2, 2), replace=replace)
+        pool.start_monitor()
+        if kill_at_s is not None:
+            async def die():
+                await asyncio.sleep(kill_at_s)
+                engines[victim].killed = True  # nothing the search did: no inject_fault
+
+            asyncio.ensure_future(die())
+        return pool
+
+    return make
+
+
+def test_a_replica_that_crashes_on_its_own_makes_the_trial_infeasible_with_the_reason():
+    engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
+    make = _healing_factory(engines, kill_at_s=1.5)  # during step 2 (steps of 1 s)
+    runner = TrialRunner(_context(slo="e2e:p99<5s"), {"max_num_seqs": 8, "num_replicas": 2}, make)
+    results = _run_all(runner)
+    assert [r["trial_status"] for r in results] == ["running", "infeasible"]
+    reason = results[-1]["status_reason"]
+    assert reason.startswith("replica 1 crashed during step 2 (no fault was injected)"), reason
+    assert "ActorDiedError" in reason and results[-1]["capacity_rps"] == 0.0
+    assert engines[0].shut_down
+
+
+def test_an_injected_kill_does_not_make_the_trial_infeasible():
+    engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
+    context = _context(slo="e2e:p99<5s", faults=(Fault("kill", step=2, at_fraction=0.3, replica=1),))
+    results = _run_all(TrialRunner(context, {"max_num_seqs": 8, "num_replicas": 2}, _healing_factory(engines)))
+    assert results[-1]["trial_status"] == "completed", results[-1]["status_reason"]
+    assert results[1]["replica_failures"] == 1.0 and results[1]["false_alarms"] == 0.0
