@@ -154,8 +154,9 @@ class EnginePool:
                     item = step.result()
                 except StopAsyncIteration:
                     return
-                except Exception as error:  # the actor died: stop routing to it until the monitor decides
-                    if generation == self._generation[index]:  # not the death of a replica we killed
+                except Exception as error:  # the actor or its engine died: stop routing to it until
+                    # the monitor decides; not the death of a replica we killed ourselves
+                    if generation == self._generation[index] and proves_death(error):
                         self._suspect[index] = True
                         self._errors[index] = error_line(error)
                     yield Finished(request.request_id, 0, (), error=f"replica {index}: {error_line(error)}")
@@ -254,6 +255,12 @@ class EnginePool:
         self._suspect[index] = False
         self._errors[index] = None
         self.alive[index] = True
+
+    def unexplained_deaths(self) -> list[tuple[int, str]]:
+        """Replicas that failed requests with a death error, with no fault injected into them, that the
+        monitor has not declared yet (it needs `failure_threshold` pings): (replica, error)."""
+        return [(i, error) for i, error in enumerate(self._errors)
+                if error is not None and self._suspect[i] and self.alive[i] and i not in self.faults]
 
     async def inject_fault(self, index: int, kind: str) -> None:
         """Fault injection: `kill` the replica, or `freeze` it (it hangs without dying)."""
@@ -377,6 +384,18 @@ async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group
     pool = EnginePool(replicas, info, health=health, replace=replacement if replace else None)
     pool.start_monitor()
     return pool
+
+
+def proves_death(error: BaseException) -> bool:
+    """Whether a failed call shows its replica is gone (actor died, engine dead), not one bad request."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        error = cause
+    if isinstance(error, EngineError):
+        return "engine died" in str(error)
+    names = {type(error).__name__, *(t.__name__ for t in type(error).__mro__)}
+    return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError"}) or \
+        "ActorDiedError" in str(error)
 
 
 def error_line(error: BaseException) -> str:

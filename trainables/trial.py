@@ -118,7 +118,7 @@ class TrialRunner:
         self.spec, self.num_replicas, self.tp = engine_spec(context, params)
         self.health = health_policy(context, params)
         self._declarations_seen = 0
-        self._crash = None  # a replica declared dead this step without an injected fault, if any
+        self._crash: tuple[int, str] | None = None  # (replica, cause) of a crash in the last step
         self.num_accelerators = self.num_replicas * self.tp
         self.slo = parse_slo(context.slo)
         self.steps: list[StepSummary] = []
@@ -188,8 +188,8 @@ class TrialRunner:
         health = self._health_metrics(records, len(plan))
         if self._crash is not None:
             # A replica that dies without an injected fault is a config that crashes the engine.
-            self.failure = (f"replica {self._crash.replica} crashed during step {step} (no fault was "
-                            f"injected): {self._crash.cause}")
+            replica, cause = self._crash
+            self.failure = f"replica {replica} crashed during step {step} (no fault was injected): {cause}"
             return self._infeasible_result(self.failure)
         ladder = ladder_metrics(self.steps, ref_load_step=context.reference_step,
                                 ladder_len=len(context.load_factors),
@@ -237,7 +237,9 @@ class TrialRunner:
         assert self.pool is not None
         new = self.pool.declarations[self._declarations_seen:]
         self._declarations_seen = len(self.pool.declarations)
-        self._crash = next((d for d in new if d.crashed), None)
+        crash = next(((d.replica, d.cause) for d in new if d.crashed), None)
+        # A replica whose requests died at the end of the step may not be declared yet: it crashed too.
+        self._crash = crash or next(iter(self.pool.unexplained_deaths()), None)
         detections = [d.detection_s for d in new if d.detection_s is not None]
         accounted = sum(1 for r in records if r.ok or r.error)
         return {"replica_failures": float(len(new)),

@@ -12,8 +12,8 @@ A space file looks like::
       - max_num_batched_tokens >= max_num_seqs
     baseline: vllm-defaults                  # or a dict of values: the first trial
 
-Parameters are sampled in the order written; a constraint narrows the range of its left-hand parameter
-once the right-hand one is known, so every sampled point satisfies it.
+Every parameter is sampled from its declared distribution; then, in the order written, each constraint
+moves its left-hand parameter to the nearest value that meets it, so every point that runs satisfies it.
 """
 
 from __future__ import annotations
@@ -172,11 +172,17 @@ class DefineByRun:
         chosen: dict[str, Any] = dict(self.fixed)
         for name, spec in self.tunable.items():
             if isinstance(spec, IntParam):
-                value = trial.suggest_int(name, spec.low, spec.high, step=spec.step, log=spec.log)
+                chosen[name] = trial.suggest_int(name, spec.low, spec.high, step=spec.step, log=spec.log)
             elif isinstance(spec, FloatParam):
-                value = trial.suggest_float(name, spec.low, spec.high, step=spec.step, log=spec.log)
+                chosen[name] = trial.suggest_float(name, spec.low, spec.high, step=spec.step, log=spec.log)
             else:
-                value = trial.suggest_categorical(name, spec.choices)
+                chosen[name] = trial.suggest_categorical(name, spec.choices)
+        # Repair once every value is known, so a constraint may refer to a parameter written after it.
+        for name, spec in self.tunable.items():
+            value = chosen[name]
+            low, high = getattr(spec, "low", None), getattr(spec, "high", None)
+            if low is not None and not low <= value <= high:
+                continue  # an enqueued point outside the range (the baseline): run it as given
             chosen[name] = repair(value, *_narrow(name, spec, self.constraints, chosen))
         return chosen
 

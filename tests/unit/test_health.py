@@ -142,3 +142,13 @@ def test_without_a_live_replica_requests_fail_with_a_reason_never_silently():
 def test_bad_policies_are_refused():
     with pytest.raises(ValueError, match="failure_threshold"):
         HealthPolicy(period_s=1, timeout_s=1, failure_threshold=0)
+
+
+def test_one_bad_request_is_not_a_dead_replica():
+    from trainables.pool import proves_death
+    from tuner.errors import EngineError
+
+    assert not proves_death(ValueError("max_tokens must be at least 1"))
+    assert not proves_death(EngineError("vLLM engine failed to start: bad argument"))
+    assert proves_death(EngineError("vLLM engine died: the engine-core process ended (killed by signal 9)"))
+    assert proves_death(RuntimeError("ActorDiedError: the actor died unexpectedly"))

@@ -36,6 +36,25 @@ def test_define_by_run_honours_constraints():
     assert repaired, "some samples broke the constraint and were repaired"
 
 
+def test_a_constraint_may_name_a_parameter_written_after_it_and_a_baseline_outside_the_range_runs(tmp_path):
+    import optuna
+
+    space = load_space(_space(tmp_path, "parameters:\n  max_num_batched_tokens: {type: int, low: 8, high: 512}\n"
+                                        "  max_num_seqs: {type: int, low: 2, high: 256}\n"
+                                        "constraints: [max_num_batched_tokens >= max_num_seqs]\n"),
+                       known_engine_args=KNOWN)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    study.enqueue_trial({"max_num_batched_tokens": 2048, "max_num_seqs": 128})  # vLLM's defaults, say
+    sample = space.define_by_run()
+    configs = []
+    for _ in range(40):
+        trial = study.ask()
+        configs.append({**trial.params, **sample(trial)})
+        study.tell(trial, 0.0)
+    assert configs[0] == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}, "the baseline runs as given"
+    assert all(c["max_num_batched_tokens"] >= c["max_num_seqs"] for c in configs)
+
+
 def test_the_distributions_stay_the_same_so_model_based_samplers_see_every_parameter():
     import optuna
 

@@ -111,14 +111,15 @@ def test_a_trial_over_its_time_limit_is_infeasible_and_still_cleaned_up():
 
 
 
-def _healing_factory(engines, *, kill_at_s: float | None = None, victim: int = 1):
+def _healing_factory(engines, *, kill_at_s: float | None = None, victim: int = 1,
+                     policy: HealthPolicy = HealthPolicy(0.05, 0.2, 2)):
     """Pools with heartbeats and replacement; with `kill_at_s`, replica `victim` dies on its own then."""
 
     async def make(spec, replicas, health):
         async def replace(index):
             return StandInEngine(tokens_per_s=5000, max_batch=32), {}
 
-        pool = EnginePool(engines[:replicas], health=HealthPolicy(0.05, 0.2, 2), replace=replace)
+        pool = EnginePool(engines[:replicas], health=policy, replace=replace)
         pool.start_monitor()
         if kill_at_s is not None:
             async def die():
@@ -149,3 +150,12 @@ def test_an_injected_kill_does_not_make_the_trial_infeasible():
     results = _run_all(TrialRunner(context, {"max_num_seqs": 8, "num_replicas": 2}, _healing_factory(engines)))
     assert results[-1]["trial_status"] == "completed", results[-1]["status_reason"]
     assert results[1]["replica_failures"] == 1.0 and results[1]["false_alarms"] == 0.0
+
+
+def test_a_crash_the_monitor_has_not_declared_yet_still_ends_the_trial():
+    # Threshold far beyond the step: only the failed requests show the death when the step ends.
+    engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
+    make = _healing_factory(engines, kill_at_s=1.5, policy=HealthPolicy(0.05, 0.2, 10_000))
+    results = _run_all(TrialRunner(_context(slo="e2e:p99<5s"), {"max_num_seqs": 8, "num_replicas": 2}, make))
+    assert results[-1]["trial_status"] == "infeasible" and results[-1]["replica_failures"] == 0.0
+    assert results[-1]["status_reason"].startswith("replica 1 crashed during step 2"), results[-1]["status_reason"]
