@@ -72,8 +72,6 @@ def key(params: dict[str, Any], names: list[str]) -> str:
 
 
 def record(args: argparse.Namespace) -> None:
-    import asyncio  # noqa: F401  (the trial runner owns its loop)
-
     from trainables.pool import start_ray_pool
     from trainables.trial import TrialRunner
     from tuner.search import _vllm_version, start_ray, trial_context
