@@ -23,16 +23,21 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from stand_in import StandInEngine  # noqa: E402
 
-from trainables.ladder import plan_step  # noqa: E402
 from trainables.pool import EnginePool, start_ray_pool  # noqa: E402
 from trainables.protocol import GenerateRequest  # noqa: E402
 from trainables.replay import replay_step  # noqa: E402
 from trainables.vllm_engine import EngineSpec, VllmEngine  # noqa: E402
+from tuner.sampling import plan_step, sample_step  # noqa: E402
 from tuner.tiny_model import ensure_tiny_model  # noqa: E402
 from tuner.workload.records import Request, Workload  # noqa: E402
 
 WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=16) for i in range(100)),
                     {"source": "benchmark"})
+
+
+def _even(count: int):
+    """`count` requests of the evenly spaced workload (cycled), no warm-up."""
+    return sample_step(WORKLOAD, measured=count, warmup=0, windows=1, seed=0)
 
 
 def _spec() -> EngineSpec:
@@ -68,7 +73,7 @@ async def ray_pool(replicas: int) -> dict:
     began = time.perf_counter()
     pool = await start_ray_pool(_spec(), replicas, placement_group=None)
     start_s = time.perf_counter() - began
-    saturated = plan_step(WORKLOAD, rate_rps=60, duration_s=6, warmup_s=0, step_seed=1, vocab_size=4096)
+    saturated = plan_step(_even(360), rate_rps=60, step_seed=1, vocab_size=4096)
     records = await replay_step(pool, saturated, deadline_s=60, id_prefix="sat")
     began = time.perf_counter()
     await pool.shutdown()
@@ -84,7 +89,7 @@ async def idle_send_lag() -> list[dict]:
     out = []
     for rate in (10, 50, 100, 200, 400, 800):
         pool = EnginePool([StandInEngine(tokens_per_s=1e6, max_batch=10_000, prefill_tokens_per_s=1e9)])
-        plan = plan_step(WORKLOAD, rate_rps=rate, duration_s=4, warmup_s=0, step_seed=2, vocab_size=4096)
+        plan = plan_step(_even(int(4 * rate)), rate_rps=rate, step_seed=2, vocab_size=4096)
         records = await replay_step(pool, plan, deadline_s=30, id_prefix=f"idle{rate}")
         out.append({"rate_rps": rate, **_lag(records)})
     return out

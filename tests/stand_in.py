@@ -95,3 +95,37 @@ class StandInEngine:
 
     async def shutdown(self) -> None:
         self.shut_down = True
+
+
+class JumpEngine(StandInEngine):
+    """A stand-in whose latency jumps at a known load: fast while requests arrive at up to `jump_rps`,
+    then every request waits `slow_s` before its first token. Each step (a prefix-cache reset starts
+    one) draws its own threshold, `jump_rps` x lognormal(0, `noise_cv`), so verdicts near the jump
+    are noisy the way measurements are."""
+
+    def __init__(self, jump_rps: float, *, noise_cv: float = 0.0, slow_s: float = 1.0, seed: int = 0,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        import numpy as np
+
+        self.jump_rps = jump_rps
+        self.noise_cv = noise_cv
+        self.slow_s = slow_s
+        self._rng = np.random.default_rng(seed)
+        self._threshold = jump_rps
+        self._arrivals: list[float] = []
+
+    async def reset_prefix_cache(self) -> None:
+        await super().reset_prefix_cache()
+        self._threshold = self.jump_rps * float(self._rng.lognormal(0.0, self.noise_cv))
+        self._arrivals = []
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
+        now = time.perf_counter()
+        self._arrivals = [*self._arrivals[-9:], now]
+        recent = self._arrivals
+        rate = (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) >= 5 and recent[-1] > recent[0] else 0.0
+        if rate > self._threshold:
+            await asyncio.sleep(self.slow_s)
+        async for item in super().generate(request):
+            yield item

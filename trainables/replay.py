@@ -5,21 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from trainables.pool import EnginePool
-from trainables.protocol import Finished, FirstToken, GenerateRequest, RequestRecord
-
-
-@dataclass(frozen=True)
-class PlannedRequest:
-    """One request of a step's plan: when to send it (seconds from step start) and what to ask."""
-
-    index: int
-    scheduled_s: float
-    prompt_token_ids: tuple[int, ...]
-    output_tokens: int
-    in_warmup: bool = False
+from trainables.protocol import Finished, FirstToken, GenerateRequest
+from tuner.records import PlannedRequest, RequestRecord
 
 
 async def replay_step(pool: EnginePool, plan: list[PlannedRequest], *, deadline_s: float,

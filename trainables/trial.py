@@ -1,28 +1,32 @@
-"""One trial: start a pool for a candidate config, climb the load ladder one step at a time, report.
+"""One trial: start a pool for a candidate config, search its capacity one load step at a time, report.
 
-`TrialRunner` is plain Python over an injected pool factory, so the ladder logic is tested with the
-stand-in engine; `trainables.tune_trainable` adapts it to Ray Tune.
+`TrialRunner` is plain Python over an injected pool factory, so the capacity search is tested with the
+stand-in engine; `trainables.tune_trainable` adapts it to Ray Tune. Which load comes next is decided
+by `tuner.capacity`; what each step replays by `tuner.sampling`; its verdict by `tuner.metrics`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainables.ladder import plan_step
 from trainables.pool import EnginePool, HealthPolicy, error_line
-from trainables.protocol import RequestRecord
 from trainables.replay import replay_step
 from trainables.vllm_engine import EngineSpec
+from tuner import capacity
+from tuner.capacity import CapacityPlan, Phase
 from tuner.errors import EngineError
-from tuner.metrics import StepSummary, ladder_metrics, summarize_step
+from tuner.metrics import StepSummary, observations, summarize_step, trial_metrics
+from tuner.records import PlannedRequest, RequestRecord
+from tuner.sampling import StepSample, plan_step
 from tuner.slo import parse_slo
 from tuner.space import POOL_PARAMS
-from tuner.workload.records import Workload
+from tuner.vocabulary import TrialStatus
 
 log = logging.getLogger(__name__)
 
@@ -32,31 +36,30 @@ DEFAULT_MEMORY_FRACTION = 0.9
 
 @dataclass(frozen=True)
 class Fault:
-    """Fault injection: at `at_fraction` of load step `step`, kill or freeze replica `replica`."""
+    """Fault injection: at `at_fraction` of the first step at or above load `at_load`, kill or freeze
+    replica `replica`."""
 
     kind: str
-    step: int
+    at_load: float = 1.0
     at_fraction: float = 0.5
     replica: int = 0
 
 
 @dataclass(frozen=True)
 class TrialContext:
-    """What every trial of a search shares: model, workload, ladder, SLO (never a searched value)."""
+    """What every trial of a search shares: model, step sample, capacity plan, SLO (never a searched value)."""
 
     model: str
-    workload: Workload
+    sample: StepSample
     reference_rps: float
-    load_factors: tuple[float, ...]
     slo: str
+    plan: CapacityPlan = CapacityPlan()
     engine_defaults: dict[str, Any] = field(default_factory=dict)
     on_cpu: bool = True
     cpu_cores_per_replica: int = 1
     kv_budget_bytes: int = 64 << 20
-    reference_factor: float = 1.0
-    step_duration_s: float = 20.0
-    warmup_s: float = 3.0
     deadline_s: float = 20.0
+    sustain_horizon_s: float | None = 60.0
     penalty_latency_s: float = 60.0
     vocab_size: int = 4096
     start_timeout_s: float = 600.0
@@ -64,11 +67,6 @@ class TrialContext:
     faults: tuple[Fault, ...] = ()
     health: HealthPolicy = HealthPolicy()
     trial_timeout_s: float | None = None
-
-    @property
-    def reference_step(self) -> int:
-        """1-based load step that runs at the reference load."""
-        return self.load_factors.index(self.reference_factor) + 1
 
 
 def engine_spec(context: TrialContext, params: dict[str, Any]) -> tuple[EngineSpec, int, int]:
@@ -108,7 +106,7 @@ PoolFactory = Callable[[EngineSpec, int, HealthPolicy], Awaitable[EnginePool]]
 
 
 class TrialRunner:
-    """Runs one candidate over the ladder; `next_step()` returns the metrics dict of each step."""
+    """Runs one candidate's capacity search; `next_step()` returns the metrics dict of each step."""
 
     def __init__(self, context: TrialContext, params: dict[str, Any], pool_factory: PoolFactory,
                  trial_id: str = "trial") -> None:
@@ -119,6 +117,7 @@ class TrialRunner:
         self.health = health_policy(context, params)
         self._declarations_seen = 0
         self._crash: tuple[int, str] | None = None  # (replica, cause) of a crash in the last step
+        self._faults_left = list(context.faults)
         self.num_accelerators = self.num_replicas * self.tp
         self.slo = parse_slo(context.slo)
         self.steps: list[StepSummary] = []
@@ -151,15 +150,16 @@ class TrialRunner:
         self.start_s = time.perf_counter() - began
 
     def next_step(self) -> dict[str, Any]:
-        """Run the next ladder step; the result carries `done` when the trial has nothing left to do."""
+        """Run the next load step; the result carries `done` when the trial has nothing left to do."""
         if self.failure is not None:
             return self._infeasible_result(self.failure)
         context = self.context
         step = len(self.steps) + 1
-        factor = context.load_factors[step - 1]
+        chosen = capacity.next_step(context.plan, observations(self.steps, self.num_accelerators))
+        assert chosen is not None, "next_step() called after the trial was done"
+        factor, phase = chosen
         rate = factor * context.reference_rps * self.num_accelerators
-        plan = plan_step(context.workload, rate_rps=rate, duration_s=context.step_duration_s,
-                         warmup_s=context.warmup_s, step_seed=context.seed * 1000 + step,
+        plan = plan_step(context.sample, rate_rps=rate, step_seed=context.seed * 1000 + step,
                          vocab_size=context.vocab_size)
         assert self.pool is not None
         began = time.perf_counter()
@@ -168,18 +168,21 @@ class TrialRunner:
             self.failure = (f"exceeded the trial time limit of {context.trial_timeout_s:g}s "
                             f"after step {step - 1}")
             return self._infeasible_result(self.failure)
+        faults = [f for f in self._faults_left if factor >= f.at_load * (1 - 1e-9)]
+        self._faults_left = [f for f in self._faults_left if f not in faults]
+        window_s = context.sample.window_s(rate)
         try:
-            records = self._loop.run_until_complete(asyncio.wait_for(self._run(plan, step), remaining))
+            records = self._loop.run_until_complete(
+                asyncio.wait_for(self._run(plan, step, faults, window_s), remaining))
         except asyncio.TimeoutError:
             self.failure = (f"exceeded the trial time limit of {context.trial_timeout_s:g}s "
                             f"during step {step}")
             return self._infeasible_result(self.failure)
-        summary = summarize_step(records, self.slo, load_step=step, load_factor=factor,
-                                 offered_rps=rate,
-                                 window_s=context.step_duration_s - context.warmup_s)
+        summary = summarize_step(records, self.slo, load_step=step, load_factor=factor, offered_rps=rate,
+                                 window_s=window_s, horizon_s=context.sustain_horizon_s, phase=phase)
         self.steps.append(summary)
         self.last_records = records
-        if step == context.reference_step:
+        if self.ref_records is None and math.isclose(factor, 1.0, rel_tol=1e-6):
             self.ref_records = records
         crashed = [r.error for r in records if r.error and r.error.startswith("replica ")]
         if crashed and len(crashed) == len(records):
@@ -191,42 +194,47 @@ class TrialRunner:
             replica, cause = self._crash
             self.failure = f"replica {replica} crashed during step {step} (no fault was injected): {cause}"
             return self._infeasible_result(self.failure)
-        ladder = ladder_metrics(self.steps, ref_load_step=context.reference_step,
-                                ladder_len=len(context.load_factors),
-                                num_accelerators=self.num_accelerators,
-                                penalty_latency_s=context.penalty_latency_s,
-                                ref_records=self.ref_records)
-        done = not summary.passed or step == len(context.load_factors)
-        if not summary.passed:
-            reason = f"failed step {step} ({factor:g}x, {rate:.2f} rps): {_why(summary)}"
-        elif done:
-            reason = f"passed the whole ladder ({len(context.load_factors)} steps)"
-        else:
-            reason = ""
+        carried = trial_metrics(self.steps, num_accelerators=self.num_accelerators,
+                                penalty_latency_s=context.penalty_latency_s, ref_records=self.ref_records)
+        seen = observations(self.steps, self.num_accelerators)
+        done = capacity.next_step(context.plan, seen) is None
+        reason = ""
+        if done:
+            found = capacity.bracket(seen)
+            stop = capacity.limit(context.plan, seen)
+            reason = f"capacity {capacity.describe(found, stop, context.plan, reference_rps=context.reference_rps)}"
+            reason += f" after {step} steps"
+            failing = [s for s in self.steps if not s.passed]
+            if failing:
+                lowest = min(failing, key=lambda s: s.arrival_rps)
+                reason += (f"; lowest failing step {lowest.load_step} ({lowest.load_factor:.3g}x, "
+                           f"{lowest.arrival_rps:.2f} rps): {_why(lowest)}")
         nodes = sorted({str(i.get("node")) for i in self.pool.info if i.get("node")})
-        return {**summary.metrics, **ladder, **health, "num_accelerators": float(self.num_accelerators),
-                "replica_nodes": ",".join(nodes),
+        return {**summary.metrics, **carried, **health, "num_accelerators": float(self.num_accelerators),
+                "replica_nodes": ",".join(nodes), "phase": str(phase),
                 "engine_start_s": round(self.start_s, 2),
                 "step_wall_s": round(time.perf_counter() - began, 2),
-                "trial_status": "completed" if done else "running", "status_reason": reason,
-                "done": done}
+                "trial_status": str(TrialStatus.COMPLETED if done else TrialStatus.RUNNING),
+                "status_reason": reason, "done": done}
 
-    async def _run(self, plan, step: int) -> list[RequestRecord]:
+    async def _run(self, plan: list[PlannedRequest], step: int, faults: list[Fault],
+                   window_s: float) -> list[RequestRecord]:
         pool = self.pool
         assert pool is not None
         await pool.reset_prefix_cache()
-        faults = [asyncio.ensure_future(self._inject(f)) for f in self.context.faults if f.step == step]
+        start = min(p.scheduled_s for p in plan if not p.in_warmup)
+        tasks = [asyncio.ensure_future(self._inject(f, start + f.at_fraction * window_s)) for f in faults]
         try:
             return await replay_step(pool, plan, deadline_s=self.context.deadline_s,
                                      id_prefix=f"{self.trial_id}-s{step}")
         finally:
-            for task in faults:
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*faults, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _inject(self, fault: Fault) -> None:
+    async def _inject(self, fault: Fault, delay_s: float) -> None:
         assert self.pool is not None
-        await asyncio.sleep(fault.at_fraction * self.context.step_duration_s)
+        await asyncio.sleep(delay_s)
         index = fault.replica % self.num_replicas
         if self.pool.alive[index]:
             log.info("injecting %s into replica %d", fault.kind, index)
@@ -254,9 +262,11 @@ class TrialRunner:
                 "capacity_rps_per_accel": 0.0, "capacity_censored": 0.0, "slo_pass": 0.0,
                 "slo_headroom": 0.0, "slo_attainment": 0.0, "goodput_rps": 0.0,
                 "ref_ttft_p95_s": penalty, "ref_tpot_p95_s": penalty, "ref_e2e_p95_s": penalty,
+                "capacity_lo_rps_per_accel": 0.0, "capacity_inconsistent": 0.0,
                 "num_accelerators": float(self.num_accelerators), "replica_failures": 0.0,
                 "detection_s": 0.0, "false_alarms": 0.0, "retried_requests": 0.0, "lost_requests": 0.0,
-                "trial_status": "infeasible", "status_reason": reason, "done": True}
+                "phase": str(Phase.CLIMB), "trial_status": str(TrialStatus.INFEASIBLE),
+                "status_reason": reason, "done": True}
 
     def close(self) -> None:
         """Shut the pool down (always safe to call, also twice or after a failed start)."""

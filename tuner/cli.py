@@ -7,6 +7,8 @@ import sys
 import click
 
 from tuner.errors import TunerError
+from tuner.tracking import capacity_text
+from tuner.vocabulary import FINAL_STATUSES
 
 
 class TunerGroup(click.Group):
@@ -78,35 +80,42 @@ def print_summary(outcome) -> None:
 
     console = Console()
     console.width = max(console.width, 150)
-    counts = {s: sum(t.status == s for t in outcome.trials) for s in ("completed", "early_stopped", "infeasible")}
+    counts = {s: sum(t.status == s for t in outcome.trials) for s in FINAL_STATUSES}
     console.print(f"\n{len(outcome.trials)} trials in {outcome.wall_s / 60:.1f} min: "
-                  + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
+                  + ", ".join(f"{v} {k.value.replace('_', ' ')}" for k, v in counts.items()))
     table = Table(title="Pareto-optimal configs (capacity per accelerator vs latency at the reference load)")
     params = sorted({k for t in outcome.pareto for k, v in t.params.items() if not isinstance(v, bool)})
-    for column in ["trial", "status", *params, "capacity rps/accel", "ref ttft p95 s", "ref tpot p95 s"]:
+    for column in ["trial", "status", *params, "capacity rps/accel [bracket]", "ref ttft p95 s", "ref tpot p95 s"]:
         table.add_column(column)
     for trial in outcome.pareto:
         metrics = trial.metrics
-        censored = " (lower bound)" if metrics.get("capacity_censored") else ""
         marker = " (baseline)" if outcome.baseline is trial else ""
-        table.add_row(trial.trial_id + marker, trial.status, *[_show(trial.params.get(p)) for p in params],
-                      f"{metrics.get('capacity_rps_per_accel', 0):.2f}{censored}",
-                      f"{metrics.get('ref_ttft_p95_s', 0):.3f}", f"{metrics.get('ref_tpot_p95_s', 0):.4f}")
+        table.add_row(trial.trial_id + marker, str(trial.status), *[_show(trial.params.get(p)) for p in params],
+                      _capacity_cell(metrics), f"{metrics.get('ref_ttft_p95_s', 0):.3f}",
+                      f"{metrics.get('ref_tpot_p95_s', 0):.4f}")
     console.print(table)
     if not outcome.pareto:
         console.print("no trial passed a load step: nothing is Pareto-optimal (see the trial reasons above)")
     base = outcome.baseline
     best = max(outcome.pareto, key=lambda t: t.metrics.get("capacity_rps_per_accel", 0), default=None)
     if base is not None:
-        base_capacity = base.metrics.get("capacity_rps_per_accel", 0.0)
-        line = (f"baseline (vLLM defaults), trial {base.trial_id}: {base.status}, capacity "
-                f"{base_capacity:.2f} rps/accel, ref ttft p95 {base.metrics.get('ref_ttft_p95_s', 0):.3f}s")
-        if best is not None and best is not base and base_capacity > 0:
-            gain = best.metrics.get("capacity_rps_per_accel", 0) / base_capacity
-            line += f"; best capacity {gain:.2f}x the baseline (trial {best.trial_id})"
+        line = (f"baseline (vLLM defaults), trial {base.trial_id}: {base.status}, "
+                f"{capacity_text(base.metrics, base.status)}, ref ttft p95 "
+                f"{base.metrics.get('ref_ttft_p95_s', 0):.3f}s")
+        if best is not None and best is not base:
+            line += f"; highest capacity: trial {best.trial_id}, {capacity_text(best.metrics, best.status)}"
+            line += " (one measurement each: see the README on repeatability)"
         console.print(line)
     console.print(f"MLflow: {outcome.tracking_uri}  experiment {outcome.experiment!r}, "
                   f"parent run {outcome.parent_run_id} (pareto.json, pareto.png)")
+
+
+def _capacity_cell(metrics: dict[str, float]) -> str:
+    capacity = metrics.get("capacity_rps_per_accel", 0.0)
+    if metrics.get("capacity_censored"):
+        return f">= {capacity:.2f} (censored)"
+    hi = metrics.get("capacity_hi_rps_per_accel")
+    return f"{capacity:.2f} [{capacity:.2f}-{hi:.2f}]" if hi is not None else f"{capacity:.2f}"
 
 
 def _show(value) -> str:

@@ -6,14 +6,17 @@ field path. See the README's "Search config" section for the documented file.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tuner.capacity import CapacityPlan
 from tuner.errors import ConfigError
-from tuner.slo import parse_slo
+from tuner.sampling import required_requests
+from tuner.slo import Slo, parse_slo
 from tuner.space import validation_line
 from tuner.workload.transforms import TransformSpec
 
@@ -46,22 +49,44 @@ class WorkloadSection(_Strict):
     reference_rps: float | None = Field(None, gt=0, description="1.0x load per accelerator")
 
 
-class LadderSection(_Strict):
-    factors: list[float] = Field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 2.5, 3.0], min_length=1)
-    reference_factor: float = 1.0
-    step_duration_s: float = Field(15, gt=0)
-    warmup_s: float = Field(3, ge=0)
-    deadline_s: float = Field(15, gt=0, description="after the last send; unfinished = failed")
+class CapacitySection(_Strict):
+    """How each trial searches its capacity: loads are multiples of the reference load per accelerator."""
+
+    start_factor: float = Field(1.0, gt=0, description="first climb load: 1 or growth^-k (below the reference)")
+    growth: float = Field(2.0, gt=1, description="each climb step multiplies the load by this")
+    max_factor: float = Field(16.0, gt=0, description="the climb stops here: a config passing it is censored")
+    min_factor: float = Field(0.25, gt=0, description="if the first step fails, descend at most to here")
+    resolution: float = Field(0.10, gt=0, description="refine until the bracket is this narrow (relative)")
+    noise: float = Field(0.0, ge=0, description="measured step-to-step noise; refine no finer than this")
+    measured_requests: int | None = Field(
+        None, ge=1, description="per step; null = enough for tail_requests above the SLO's highest percentile")
+    tail_requests: int = Field(10, ge=1, description="requests above the SLO's percentile in every step")
+    min_window_s: float = Field(
+        20, ge=0, description="a step's measured window lasts at least this long (more requests at high rates)")
+    warmup_requests: int = Field(20, ge=0, description="sent evenly before the measured ones, not counted")
+    windows: int = Field(4, ge=1, description="runs of consecutive requests, at random offsets, per step")
+    deadline_s: float = Field(15, gt=0, description="after the last send; unfinished requests then fail")
+    sustain_horizon_s: float | None = Field(
+        60, gt=0, description="a step whose TTFT trend breaks the bound within this long fails; null = off")
+    max_steps: int = Field(12, ge=1, description="steps per trial at most")
+    max_step_s: float = Field(600, gt=0, description="longest step allowed (checked before the search)")
 
     @model_validator(mode="after")
-    def _check(self) -> LadderSection:
-        if sorted(self.factors) != self.factors or any(f <= 0 for f in self.factors):
-            raise ValueError(f"factors must be positive and increasing, but got {self.factors}")
-        if self.reference_factor not in self.factors:
-            raise ValueError(f"reference_factor {self.reference_factor} is not one of factors {self.factors}")
-        if self.warmup_s >= self.step_duration_s:
-            raise ValueError("warmup_s must be shorter than step_duration_s")
+    def _check(self) -> CapacitySection:
+        if not self.min_factor <= self.start_factor <= self.max_factor:
+            raise ValueError(f"`min_factor <= start_factor <= max_factor` must hold, but got {self.min_factor}, "
+                             f"{self.start_factor}, {self.max_factor}")
+        power = math.log(1 / self.start_factor, self.growth)
+        if abs(power - round(power)) > 1e-6 or round(power) < 0:
+            raise ValueError(f"start_factor must be 1 or growth^-k so that the climb measures the reference "
+                             f"load (1x), but got {self.start_factor} with growth {self.growth} "
+                             f"(try {self.growth ** -max(0, math.ceil(power - 1e-6)):g})")
         return self
+
+    def plan(self) -> CapacityPlan:
+        return CapacityPlan(start_factor=self.start_factor, growth=self.growth, max_factor=self.max_factor,
+                            min_factor=self.min_factor, resolution=self.resolution, noise=self.noise,
+                            max_steps=self.max_steps)
 
 
 class Objective(_Strict):
@@ -87,7 +112,7 @@ class BudgetSection(_Strict):
 
 class FaultSection(_Strict):
     kind: Literal["kill", "freeze"]
-    step: int = Field(1, ge=1, description="1-based load step in which the fault strikes")
+    at_load: float = Field(1.0, gt=0, description="strikes in the first step at or above this load factor")
     at_fraction: float = Field(0.5, gt=0, lt=1, description="when, as a fraction of the step's duration")
     replica: int = Field(0, ge=0, description="which replica (modulo the trial's replica count)")
 
@@ -115,7 +140,7 @@ class SearchConfig(_Strict):
     workload: WorkloadSection = WorkloadSection()
     space: str = "cpu-smoke"
     slo: str = "ttft:p95<2s; tpot:p95<30ms"
-    ladder: LadderSection = LadderSection()
+    capacity: CapacitySection = CapacitySection()
     objectives: list[Objective] = Field(
         default_factory=lambda: [Objective(metric="capacity_rps_per_accel", mode="max"),
                                  Objective(metric="ref_ttft_p95_s", mode="min")], min_length=1)
@@ -133,13 +158,43 @@ class SearchConfig(_Strict):
     def _slo(cls, value: str) -> str:
         return str(parse_slo(value))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ladder" in data:
+            raise ValueError(
+                "ladder: the fixed load ladder was replaced by a capacity search per trial; write a `capacity:` "
+                "section instead, e.g. capacity: {start_factor: 1, growth: 2, max_factor: 16, resolution: 0.1} "
+                "(step_duration_s and warmup_s became measured_requests and warmup_requests; see the README)")
+        for index, fault in enumerate(data.get("faults") or [] if isinstance(data, dict) else []):
+            if isinstance(fault, dict) and "step" in fault:
+                raise ValueError(
+                    f"faults.{index}.step: faults are keyed to a load now, not a step number: write at_load: "
+                    "FACTOR (the fault strikes in the first step at or above that multiple of the reference load)")
+        return data
+
     @model_validator(mode="after")
-    def _faults_within_ladder(self) -> SearchConfig:
-        for index, fault in enumerate(self.faults):
-            if fault.step > len(self.ladder.factors):
-                raise ValueError(f"faults.{index}.step: {fault.step} is beyond the ladder's "
-                                 f"{len(self.ladder.factors)} steps")
+    def _enough_requests(self) -> SearchConfig:
+        capacity = self.capacity
+        if capacity.measured_requests is not None:
+            needed = required_requests(slo_percentiles(parse_slo(self.slo)), capacity.tail_requests)
+            if capacity.measured_requests < needed:
+                raise ValueError(
+                    f"capacity.measured_requests: {capacity.measured_requests} requests per step leave fewer than "
+                    f"tail_requests={capacity.tail_requests} above the SLO's highest percentile (that needs "
+                    f"{needed}); raise measured_requests or lower capacity.tail_requests")
         return self
+
+    def measured_requests(self) -> int:
+        """Counted requests per step: as configured, or sized from the SLO's highest percentile."""
+        if self.capacity.measured_requests is not None:
+            return self.capacity.measured_requests
+        return required_requests(slo_percentiles(parse_slo(self.slo)), self.capacity.tail_requests)
+
+
+def slo_percentiles(slo: Slo) -> list[float]:
+    """The percentiles an SLO's terms judge (the mean and p50 count as the 50th)."""
+    return [50.0 if term.stat == "mean" else float(term.stat[1:]) for term in slo.terms]
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,

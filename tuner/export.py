@@ -5,12 +5,15 @@ application), `rayservice.yaml` (a KubeRay RayService carrying that application)
 (params, measured metrics and provenance). Reading MLflow happens once, in `load_search`; judging,
 picking and rendering are pure functions over the plain `SearchRecord` / `TrialRow` records.
 
-Re-judging under another SLO (`--slo` different from the one the search recorded): a load step passes
-the new SLO iff every term's `{metric}_{stat}_s` at that step is within its bound and the step had no
-failed request. The ladder stops at its first failed step, so a trial's capacity is the offered rate
-of the last step of its unbroken run of passing steps from the bottom, divided by its accelerators;
-it is a lower bound (censored) when every measured step passed but the ladder was not climbed to the
-top. Latencies at the reference load (`ref_*_p95_s`) do not depend on the SLO and are kept as they are.
+Re-judging under another SLO (`--slo` different from the one the search recorded) uses the search's
+own rule, the same functions: a recorded step passes iff `tuner.metrics.judge` passes its recorded
+SLO statistics (`slo_{metric}_{stat}_s`, failed requests counted as infinitely slow) and
+`tuner.metrics.sustainable` finds no TTFT growth that breaks the new bound; the trial's capacity is then
+`tuner.capacity.bracket` over its re-judged steps (the highest measured pass below the lowest failure;
+censored when none fails). The loads measured were chosen for the recorded SLO, so the bracket under
+another SLO can be wider. Latencies at the reference load (`ref_*_p95_s`) do not depend on the SLO and
+are kept as they are. Steps recorded before the SLO statistics existed fall back to the completed-only
+statistics when nothing failed, and fail when something did.
 """
 
 from __future__ import annotations
@@ -29,13 +32,25 @@ from typing import Any, cast
 
 import yaml
 
+from tuner.capacity import Observation, bracket
 from tuner.errors import ExportError, TrackingError
+from tuner.metrics import capacity_metrics, sustainable
+from tuner.metrics import judge as judge_statistics
 from tuner.pareto import Objective, knee_index, non_dominated
-from tuner.slo import Slo, parse_slo
+from tuner.slo import METRICS, STATS, Slo, parse_slo
 from tuner.space import POOL_PARAMS
+from tuner.vocabulary import (
+    FEASIBLE_STATUSES,
+    FINAL_STATUSES,
+    RUN_KIND_TAG,
+    STEP_METRICS,
+    RunKind,
+    TrialStatus,
+    latency_name,
+    slo_latency_name,
+)
 
 PICKS = ("max-capacity", "min-latency", "knee")
-FEASIBLE_STATUSES = ("completed", "early_stopped")
 DEFAULT_OBJECTIVES: tuple[Objective, ...] = (
     ("capacity_rps_per_accel", "max"),
     ("ref_ttft_p95_s", "min"),
@@ -57,25 +72,6 @@ _MEASUREMENT_ONLY_ARGS = {
 # What every trial's engine ran with besides its params (trainables.trial.engine_spec); the export keeps it so
 # the deployed server runs as measured. A search config's model.engine_args overrides it, as in the search.
 MEASURED_ENGINE_DEFAULTS: dict[str, Any] = {"enforce_eager": True}
-# Per-step metrics kept from MLflow's history (re-judging and the report's curves need them).
-STEP_METRICS = (
-    "load_step",
-    "load_factor",
-    "offered_rps",
-    "achieved_rps",
-    "slo_pass",
-    "slo_headroom",
-    "slo_attainment",
-    "goodput_rps",
-    "output_tok_s",
-    "failed_requests",
-    "num_accelerators",
-    "capacity_rps_per_accel",
-) + tuple(
-    f"{m}_{s}_s"
-    for m in ("ttft", "tpot", "itl", "e2e", "queue")
-    for s in ("mean", "p50", "p90", "p95", "p99")
-)
 _SECRET_KEY = re.compile(
     r"(secret|passw|api[_-]?key|access[_-]?key|auth|credential|^token$|_token$|^hf_)", re.IGNORECASE
 )
@@ -151,11 +147,15 @@ class SearchRecord:
         return int(_get(self.config, "hardware.cpu_cores_per_replica") or 1)
 
     @property
-    def load_factors(self) -> tuple[float, ...]:
-        text = self.params.get("load_factors")
+    def capacity_plan(self) -> dict[str, Any]:
+        """The capacity search's settings (start, growth, maximum, resolution, ...), as recorded."""
+        text = self.params.get("capacity_plan")
         if text:
-            return tuple(float(f) for f in str(text).split(",") if f.strip())
-        return tuple(float(f) for f in (_get(self.config, "ladder.factors") or ()))
+            try:
+                return dict(json.loads(str(text)))
+            except ValueError:
+                pass
+        return dict(_get(self.config, "capacity") or {})
 
     def baseline_trial(self) -> TrialRow | None:
         """The trial that ran the baseline params (the search evaluates it first), if any."""
@@ -203,43 +203,45 @@ def coerce_param(text: Any) -> Any:
 # --- judging and picking --------------------------------------------------------------------------
 
 
+def recorded_statistics(step: Mapping[str, float]) -> dict[str, float]:
+    """A recorded step's SLO statistics (`slo_*`), for steps recorded before them: the completed-only
+    value when no request failed, +inf when one did (so such a step fails, never passes wrongly)."""
+    failed = float(step.get("failed_requests", 0.0) or 0.0) > 0
+    statistics = {}
+    for metric in METRICS:
+        for stat in STATS:
+            name = slo_latency_name(metric, stat)
+            value = step.get(name)
+            if value is None:
+                plain = step.get(latency_name(metric, stat))
+                value = math.inf if failed or plain is None else plain
+            statistics[name] = float(value)
+    return statistics
+
+
 def step_passes(step: Mapping[str, float], slo: Slo) -> bool:
-    """True iff every SLO term's statistic at this step is within bound and no request failed."""
-    if float(step.get("failed_requests", 0.0) or 0.0) > 0:
-        return False
-    for term in slo.terms:
-        value = step.get(f"{term.metric}_{term.stat}_s")
-        if value is None or not math.isfinite(value) or value > term.bound_s:
-            return False
-    return True
+    """Whether a recorded step meets `slo` by the search's own rule (see the module docstring)."""
+    passed, _ = judge_statistics(recorded_statistics(step), slo)
+    overloaded, _ = sustainable(step.get("ttft_projected_s"), slo)
+    return passed and not overloaded
 
 
-def rejudge(trial: TrialRow, slo: Slo, ladder_len: int) -> TrialRow:
-    """The trial with `capacity_rps(_per_accel)`, `capacity_censored` recomputed under `slo`.
+def rejudge(trial: TrialRow, slo: Slo) -> TrialRow:
+    """The trial with its capacity metrics recomputed under `slo` (see the module docstring).
 
     Only completed / early-stopped trials with per-step metrics are re-judged; an infeasible trial keeps
-    capacity 0. See the module docstring for the rule.
+    capacity 0.
     """
     metrics = dict(trial.metrics)
-    capacity = 0.0
-    passed_all = bool(trial.steps)
-    if trial.status in FEASIBLE_STATUSES:
-        for step in trial.steps:
-            if not step_passes(step, slo):
-                passed_all = False
-                break
-            accelerators = float(step.get("num_accelerators") or metrics.get("num_accelerators") or 1.0)
-            capacity = float(step.get("offered_rps", 0.0)) / max(accelerators, 1.0)
-    else:
-        passed_all = False
-    climbed_to_top = len(trial.steps) >= ladder_len > 0
-    censored = passed_all and capacity > 0 and not climbed_to_top
-    accelerators = float(metrics.get("num_accelerators") or 1.0)
-    metrics.update(
-        capacity_rps_per_accel=capacity,
-        capacity_rps=capacity * accelerators,
-        capacity_censored=1.0 if censored else 0.0,
-    )
+    accelerators = int(metrics.get("num_accelerators") or 1)
+    if trial.status not in FEASIBLE_STATUSES or not trial.steps:
+        return trial
+    seen = [Observation(float(step.get("load_factor", 0.0)),
+                        float(step.get("arrival_rps", step.get("offered_rps", 0.0))) / accelerators,
+                        step_passes(step, slo)) for step in trial.steps]
+    for key in ("capacity_hi_rps_per_accel",):
+        metrics.pop(key, None)
+    metrics.update(capacity_metrics(bracket(seen), accelerators))
     return dataclasses.replace(trial, metrics=metrics)
 
 
@@ -256,8 +258,7 @@ def judge(record: SearchRecord, slo: str | None) -> tuple[str, tuple[TrialRow, .
     wanted = parse_slo(slo)
     if record.slo and set(wanted.terms) == set(parse_slo(record.slo).terms):
         return recorded, record.trials, False
-    ladder_len = len(record.load_factors)
-    return str(wanted), tuple(rejudge(t, wanted, ladder_len) for t in record.trials), True
+    return str(wanted), tuple(rejudge(t, wanted) for t in record.trials), True
 
 
 def feasible_trials(trials: Sequence[TrialRow]) -> list[TrialRow]:
@@ -294,10 +295,8 @@ def pick_trial(
 
 def no_feasible_message(record: SearchRecord, slo: str) -> str:
     """One line saying why nothing can be exported from `record` under `slo`."""
-    counts = {
-        s: sum(t.status == s for t in record.trials) for s in ("completed", "early_stopped", "infeasible")
-    }
-    summary = ", ".join(f"{v} {k.replace('_', '-')}" for k, v in counts.items())
+    counts = {s: sum(t.status == s for t in record.trials) for s in FINAL_STATUSES}
+    summary = ", ".join(f"{v} {k.value.replace('_', '-')}" for k, v in counts.items())
     return (
         f"experiment {record.experiment!r}: no feasible trial to export: none of its "
         f"{len(record.trials)} trials ({summary}) passed a load step under SLO '{slo}'"
@@ -620,8 +619,13 @@ def best_document(
                 "load_step",
                 "load_factor",
                 "offered_rps",
+                "arrival_rps",
+                "measured_requests",
                 "achieved_rps",
                 "slo_pass",
+                "slo_headroom",
+                "overloaded",
+                "ttft_growth",
                 "failed_requests",
                 "ttft_p95_s",
                 "tpot_p95_s",
@@ -646,6 +650,7 @@ def best_document(
         "objectives": [{"metric": m, "mode": d} for m, d in record.objectives],
         "params": dict(trial.params),
         "metrics": dict(trial.metrics),
+        "capacity": capacity_summary(trial),
         "steps": steps,
         "deployment": {
             "engine_args": dict(deployment.engine_args),
@@ -671,11 +676,33 @@ def best_document(
         "search": {
             "space": record.params.get("space"),
             "reference_rps": coerce_param(record.params.get("reference_rps")),
-            "load_factors": list(record.load_factors),
+            "capacity_plan": record.capacity_plan,
             "trials": len(record.trials),
         },
         "versions": dict(versions),
     }
+
+
+def capacity_summary(trial: TrialRow) -> dict[str, Any]:
+    """The trial's capacity for people and programs: value, bracket, censoring, and one line of text."""
+    metrics = trial.metrics
+    censored = bool(metrics.get("capacity_censored"))
+    hi = metrics.get("capacity_hi_rps_per_accel")
+    if censored:
+        why = ("the trial was stopped before any step failed" if trial.status == TrialStatus.EARLY_STOPPED
+               else "no step failed up to the capacity search's maximum load")
+        text = f">= {trial.capacity:.3g} requests/s per accelerator (a lower bound: {why})"
+    elif trial.capacity <= 0:
+        text = "no load passed: fails the SLO at every load tried"
+    else:
+        text = f"{trial.capacity:.3g} requests/s per accelerator (it failed at {hi:.3g})" if hi is not None \
+            else f"{trial.capacity:.3g} requests/s per accelerator"
+        if metrics.get("capacity_inconsistent"):
+            text += "; inconsistent: a load above a failure passed twice"
+    return {"rps_per_accel": trial.capacity, "lo_rps_per_accel": metrics.get("capacity_lo_rps_per_accel"),
+            "hi_rps_per_accel": hi, "censored": censored,
+            "inconsistent": bool(metrics.get("capacity_inconsistent")), "text": text,
+            "measurements": "one capacity search of this config (see the README on repeatability)"}
 
 
 def scrub(value: Any) -> Any:
@@ -712,12 +739,12 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
     exp_id = experiment_id(client, experiment, create=False)
     parents = client.search_runs(
         [exp_id],
-        filter_string="tags.run_kind = 'search'",
+        filter_string=f"tags.{RUN_KIND_TAG} = '{RunKind.SEARCH}'",
         order_by=["attributes.start_time DESC"],
         max_results=200,
     )
     if not parents:
-        raise TrackingError(f"experiment {experiment!r} has no search run (tag run_kind=search)")
+        raise TrackingError(f"experiment {experiment!r} has no search run (tag {RUN_KIND_TAG}={RunKind.SEARCH})")
     for parent in parents:
         runs = client.search_runs(
             [exp_id],
@@ -798,7 +825,7 @@ def _trial_row(client: Any, run: Any, with_steps: bool) -> TrialRow:
     steps: tuple[dict[str, float], ...] = ()
     if with_steps:
         by_step: dict[int, dict[str, float]] = {}
-        for key in STEP_METRICS:
+        for key in (*STEP_METRICS, "capacity_rps_per_accel"):
             if key not in metrics:
                 continue
             for point in client.get_metric_history(run.info.run_id, key):
@@ -918,16 +945,10 @@ def render_export(
 ) -> dict[str, str]:
     """The four files' contents, by file name."""
     deployment = deployment_for(record, trial, options)
-    capacity = trial.capacity
-    bound = (
-        " (lower bound: the ladder was not climbed to its top)"
-        if trial.metrics.get("capacity_censored")
-        else ""
-    )
     header = [
         f"Exported by vllm-tuner {versions.get('vllm-tuner', '')} from experiment {record.experiment!r}, "
         f"trial {trial.trial_id} (MLflow run {trial.run_id}), pick {pick}.",
-        f"Measured: {capacity:.3g} requests/s per accelerator within SLO '{slo}'{bound}; "
+        f"Measured within SLO '{slo}': {capacity_summary(trial)['text']}; "
         f"TTFT p95 at the reference load {trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s.",
     ]
     ray_version = (

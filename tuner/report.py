@@ -1,7 +1,7 @@
 """Report: recorded searches as one self-contained HTML page (interactive, offline) and a Markdown twin.
 
 Per search it shows the Pareto front of capacity per accelerator against latency at the reference load
-(baseline and winner marked), each trial's throughput-latency curve over the load ladder, how much the
+(baseline and winner marked), each trial's latency at the loads its capacity search measured, how much the
 winner beats the baseline, parameter importance, and every trial with its status and reason; with two
 or more searches, a side-by-side comparison. `build_report` is pure (records in, text out);
 `generate_report` reads MLflow, writes the files and logs them to each search's parent run.
@@ -21,7 +21,6 @@ from typing import Any
 
 from tuner.errors import TrackingError
 from tuner.export import (
-    FEASIBLE_STATUSES,
     SearchRecord,
     TrialRow,
     feasible_trials,
@@ -30,9 +29,11 @@ from tuner.export import (
 )
 from tuner.pareto import non_dominated
 from tuner.slo import parse_slo
+from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
 
 MIN_IMPORTANCE_TRIALS = 3
-_STATUS_STYLE = {"completed": ("circle", "#1f77b4"), "early_stopped": ("triangle-up", "#ff7f0e")}
+_STATUS_STYLE = {TrialStatus.COMPLETED: ("circle", "#1f77b4"),
+                 TrialStatus.EARLY_STOPPED: ("triangle-up", "#ff7f0e")}
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 
@@ -77,7 +78,7 @@ def summarize(record: SearchRecord) -> Summary:
     front_idx = non_dominated([dict(t.metrics) for t in feasible], objectives) if feasible else []
     front = tuple(sorted((feasible[i] for i in front_idx), key=lambda t: _metric(t, latency_metric)))
     winner = pick_trial(record.trials, "max-capacity", objectives) if feasible else None
-    statuses = ["completed", "early_stopped", "infeasible"]
+    statuses = [s.value for s in FINAL_STATUSES]
     statuses += sorted({t.status for t in record.trials} - set(statuses))  # e.g. running, mid-search
     counts = {s: sum(t.status == s for t in record.trials) for s in statuses}
     return Summary(
@@ -198,8 +199,8 @@ def pareto_figure(summary: Summary):
                     x=[t.metrics[lat] for t in trials],
                     y=[t.metrics.get(cap, 0.0) for t in trials],
                     mode="markers",
-                    name=status.replace("_", " ")
-                    + (" (capacity is a lower bound)" if status == "early_stopped" else ""),
+                    name=status.value.replace("_", " ")
+                    + (" (capacity is a lower bound)" if status == TrialStatus.EARLY_STOPPED else ""),
                     marker={"symbol": symbol, "size": 10, "color": color, "opacity": 0.75},
                     text=[_hover(t) for t in trials],
                     hovertemplate="%{text}<extra></extra>",
@@ -252,7 +253,8 @@ def pareto_figure(summary: Summary):
 
 
 def curves_figure(record: SearchRecord):
-    """Each trial's latency over the ladder (TTFT and TPOT at the SLO's statistic), SLO bounds as lines."""
+    """Each trial's latency against the measured load of each step (TTFT and TPOT at the SLO's statistic),
+    SLO bounds as lines."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -261,12 +263,13 @@ def curves_figure(record: SearchRecord):
     for index, trial in enumerate(t for t in record.trials if t.steps):
         color = _PALETTE[index % len(_PALETTE)]
         for column, (metric, _) in enumerate(panels, start=1):
-            steps = [s for s in trial.steps if _finite(s.get(metric)) and _finite(s.get("offered_rps"))]
+            steps = sorted((s for s in trial.steps if _finite(s.get(metric)) and _finite(_step_rate(s))),
+                           key=_step_rate)
             if not steps:
                 continue
             figure.add_trace(
                 go.Scatter(
-                    x=[s["offered_rps"] / max(float(s.get("num_accelerators") or 1.0), 1.0) for s in steps],
+                    x=[_step_rate(s) for s in steps],
                     y=[s[metric] for s in steps],
                     mode="lines+markers",
                     name=f"{trial.trial_id} ({trial.status})",
@@ -280,7 +283,7 @@ def curves_figure(record: SearchRecord):
                     },
                     text=[
                         f"trial {trial.trial_id}<br>step {int(s.get('load_step', 0))} "
-                        f"({s.get('load_factor', 0):g}x)"
+                        f"({s.get('load_factor', 0):.3g}x)"
                         f"<br>{'pass' if s.get('slo_pass') else 'FAIL'}"
                         for s in steps
                     ],
@@ -299,16 +302,42 @@ def curves_figure(record: SearchRecord):
                 annotation_text="SLO bound",
                 annotation_position="top left",
             )
-        figure.update_xaxes(title_text="offered load (requests/s per accelerator)", row=1, col=column)
+        figure.update_xaxes(title_text="measured load (requests/s per accelerator)", row=1, col=column)
         figure.update_yaxes(title_text="seconds", row=1, col=column)
     figure.update_layout(
-        title=f"{record.experiment}: throughput-latency over the load ladder "
+        title=f"{record.experiment}: latency at each load the capacity search measured "
         "(circle = step passed the SLO, x = failed)",
         height=480,
         template="plotly_white",
         legend={"orientation": "h", "y": -0.25},
     )
     return figure
+
+
+def _step_rate(step: Mapping[str, float]) -> float:
+    """A step's measured arrival rate per accelerator (its offered rate for older records)."""
+    rate = step.get("arrival_rps", step.get("offered_rps"))
+    return float("nan") if rate is None else float(rate) / max(float(step.get("num_accelerators") or 1.0), 1.0)
+
+
+def capacity_cell(trial: TrialRow) -> str:
+    """A capacity for a table: '13.2 (fails at 14.1)', '≥ 85' when censored, '-' for no capacity."""
+    if trial.status == TrialStatus.INFEASIBLE:
+        return "-"
+    if trial.metrics.get("capacity_censored"):
+        return f"≥ {_fmt(trial.capacity)}"
+    hi = trial.metrics.get("capacity_hi_rps_per_accel")
+    flag = " (inconsistent)" if trial.metrics.get("capacity_inconsistent") else ""
+    return (f"{_fmt(trial.capacity)} (fails at {_fmt(hi)})" if hi is not None else _fmt(trial.capacity)) + flag
+
+
+def capacity_phrase(trial: TrialRow) -> str:
+    """A capacity for a sentence: '13.2 requests/s per accelerator (it failed at 14.1)'."""
+    if trial.metrics.get("capacity_censored"):
+        return f"at least {_fmt(trial.capacity)} requests/s per accelerator (no load it ran failed)"
+    hi = trial.metrics.get("capacity_hi_rps_per_accel")
+    failed = f" (it failed at {_fmt(hi)})" if hi is not None else ""
+    return f"{_fmt(trial.capacity)} requests/s per accelerator{failed}"
 
 
 def _curve_metrics(slo: str) -> list[tuple[str, float | None]]:
@@ -401,10 +430,9 @@ def comparison_figure(summaries: Sequence[Summary]):
 
 def _hover(trial: TrialRow) -> str:
     params = "<br>".join(f"{html.escape(str(k))}={html.escape(_fmt(v))}" for k, v in trial.params.items())
-    bound = " (lower bound)" if trial.metrics.get("capacity_censored") else ""
     return (
         f"trial {html.escape(trial.trial_id)} [{trial.status}]<br>"
-        f"capacity {trial.capacity:.3g} rps/accel{bound}"
+        f"capacity {html.escape(capacity_cell(trial))} rps/accel"
         f"<br>ref TTFT p95 {_fmt(trial.metrics.get('ref_ttft_p95_s'))} s<br>{params}"
     )
 
@@ -466,10 +494,9 @@ def trial_table(summary: Summary) -> tuple[list[str], list[list[str]]]:
             )
             if hit
         ]
-        censored = trial.metrics.get("capacity_censored")
-        capacity = ("≥ " if censored else "") + _fmt(trial.capacity) if trial.status != "infeasible" else "-"
+        capacity = capacity_cell(trial)
         latency = [
-            _fmt(trial.metrics.get(m)) if trial.status != "infeasible" else "-"
+            _fmt(trial.metrics.get(m)) if trial.status != TrialStatus.INFEASIBLE else "-"
             for m in ("ref_ttft_p95_s", "ref_tpot_p95_s")
         ]
         passed = sum(1 for s in trial.steps if s.get("slo_pass"))
@@ -509,18 +536,25 @@ def gain_lines(summary: Summary) -> list[str]:
         lines.append("The baseline trial is not in the record.")
     elif baseline.trial_id == winner.trial_id:
         lines.append(f"The baseline (trial {baseline.trial_id}) is itself the best: no candidate beat it.")
-    elif baseline.status == "infeasible" or baseline.capacity <= 0:
+    elif baseline.status == TrialStatus.INFEASIBLE or baseline.capacity <= 0:
         lines.append(
-            f"The baseline (trial {baseline.trial_id}, {baseline.status}) passed no load step; the "
-            f"winner (trial {winner.trial_id}) sustains {winner.capacity:.3g} requests/s per accelerator."
+            f"The baseline (trial {baseline.trial_id}, {baseline.status}) fails the SLO at every load tried; "
+            f"the winner (trial {winner.trial_id}) sustains {capacity_phrase(winner)}."
         )
     else:
         gain = summary.gain or 0.0
-        lines.append(
-            f"The winner (trial {winner.trial_id}) sustains {winner.capacity:.3g} requests/s per "
-            f"accelerator against the baseline's {baseline.capacity:.3g}: x{gain:.2f} "
-            f"({(gain - 1) * 100:+.0f}%)."
-        )
+        at_least = "at least " if winner.metrics.get("capacity_censored") else ""
+        if baseline.metrics.get("capacity_censored"):
+            lines.append(
+                f"The winner (trial {winner.trial_id}) sustains {capacity_phrase(winner)}; the baseline "
+                f"passed every load it was measured at ({capacity_phrase(baseline)}), so no ratio can be given."
+            )
+        else:
+            lines.append(
+                f"The winner (trial {winner.trial_id}) sustains {capacity_phrase(winner)}, the baseline "
+                f"{capacity_phrase(baseline)}: {at_least}x{gain:.2f} ({(gain - 1) * 100:+.0f}%), from one "
+                "capacity search each (runs on one machine vary: see the README on repeatability)."
+            )
         for metric, label in (
             ("ref_ttft_p95_s", "TTFT p95"),
             ("ref_tpot_p95_s", "TPOT p95"),
@@ -532,7 +566,7 @@ def gain_lines(summary: Summary) -> list[str]:
                     f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%)."
                 )
     if winner.metrics.get("capacity_censored"):
-        lines.append("The winner's capacity is a lower bound: it was stopped before failing a step.")
+        lines.append("The winner's capacity is a lower bound: no step it ran failed.")
     return lines
 
 
@@ -656,7 +690,7 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
         ("SLO", record.slo or "-"),
         ("device", record.device),
         ("reference load", f"{record.params.get('reference_rps', '-')} requests/s per accelerator"),
-        ("load ladder", ", ".join(f"{f:g}x" for f in record.load_factors) or "-"),
+        ("capacity search", _plan_text(record.capacity_plan)),
         ("objectives", ", ".join(f"{d} {m}" for m, d in record.objectives)),
         (
             "trials",
@@ -706,7 +740,7 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
             [
                 t.trial_id,
                 t.status,
-                ("≥ " if t.metrics.get("capacity_censored") else "") + _fmt(t.capacity),
+                capacity_cell(t),
                 _fmt(t.metrics.get(lat)),
                 ", ".join(f"{k}={_fmt(v)}" for k, v in t.params.items()),
             ]
@@ -739,21 +773,26 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
     return "\n".join(out), md
 
 
+def _plan_text(plan: Mapping[str, Any]) -> str:
+    if not plan:
+        return "-"
+    width = max(float(plan.get("resolution", 0.1)), float(plan.get("noise", 0.0)))
+    return (f"climb from {plan.get('start_factor', 1):g}x x{plan.get('growth', 2):g} per step up to "
+            f"{plan.get('max_factor', 0):g}x, then bisect to {width:.0%}")
+
+
 def _curve_rows(record: SearchRecord) -> tuple[list[str], list[list[str]]]:
     metrics = [m for m, _ in _curve_metrics(record.slo)]
-    header = ["trial", "step", "load", "offered rps/accel", "achieved rps", *metrics, "SLO"]
+    header = ["trial", "step", "load", "measured rps/accel", "achieved rps", *metrics, "SLO"]
     rows = []
     for trial in record.trials:
         for step in (s for s in trial.steps if "offered_rps" in s):
-            per_accel = float(step.get("offered_rps", 0.0)) / max(
-                float(step.get("num_accelerators") or 1.0), 1.0
-            )
             rows.append(
                 [
                     trial.trial_id,
                     _fmt(int(step.get("load_step", 0))),
-                    f"{step.get('load_factor', 0):g}x",
-                    _fmt(per_accel),
+                    f"{step.get('load_factor', 0):.3g}x",
+                    _fmt(_step_rate(step)),
                     _fmt(step.get("achieved_rps")),
                     *[_fmt(step.get(m)) for m in metrics],
                     "pass" if step.get("slo_pass") else "fail",

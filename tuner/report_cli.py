@@ -103,7 +103,7 @@ def export(
     out_dir: str,
 ) -> None:
     """Write vllm-serve.yaml, serve-llm.yaml, rayservice.yaml and best.json for the best trial."""
-    from tuner.export import ExportOptions, export_search
+    from tuner.export import ExportOptions, capacity_summary, export_search
 
     options = ExportOptions(
         model_uri=model_uri, target_accelerator=target_accelerator, host=host, port=port, image=image
@@ -112,11 +112,10 @@ def export(
         _tracking_uri(tracking_uri), experiment, out_dir, slo=slo, pick=pick, options=options
     )
     trial = result.trial
-    bound = " (lower bound)" if trial.metrics.get("capacity_censored") else ""
     rejudged = " (re-judged from the per-step metrics)" if result.rejudged else ""
     click.echo(
-        f"{experiment}: trial {trial.trial_id} ({pick}) sustains {trial.capacity:.3g} requests/s per "
-        f"accelerator{bound} within SLO '{result.slo}'{rejudged}; TTFT p95 at the reference load "
+        f"{experiment}: trial {trial.trial_id} ({pick}) sustains {capacity_summary(trial)['text']} "
+        f"within SLO '{result.slo}'{rejudged}; TTFT p95 at the reference load "
         f"{trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s"
     )
     for path in result.files.values():

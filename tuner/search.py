@@ -7,6 +7,7 @@ comparable metrics (never from Optuna's view, which counts stopped trials as com
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,9 +21,11 @@ import yaml
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from tuner import __version__
+from tuner.capacity import Phase
 from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
+from tuner.sampling import StepSample, sample_step
 from tuner.space import POOL_PARAMS, SearchSpace, load_space
 from tuner.tracking import (
     TrialOutcome,
@@ -33,6 +36,7 @@ from tuner.tracking import (
     experiment_id,
     start_parent_run,
 )
+from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, REPORTED_METRICS, RunKind, TrialStatus
 from tuner.workload.formats import load_workload
 from tuner.workload.records import Workload
 from tuner.workload.transforms import TransformSpec, apply_transforms
@@ -41,16 +45,6 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from trainables.trial import TrialContext
-
-# Metrics the trainable reports every step; objectives and the ASHA metric must be among them.
-REPORTED_METRICS = {
-    "load_step", "load_factor", "offered_rps", "achieved_rps", "capacity_rps", "capacity_rps_per_accel",
-    "capacity_censored", "slo_pass", "slo_headroom", "slo_attainment", "goodput_rps", "output_tok_s",
-    "failed_requests", "send_lag_p99_s", "ref_ttft_p95_s", "ref_tpot_p95_s", "ref_e2e_p95_s",
-    "replica_failures", "detection_s", "false_alarms", "retried_requests", "lost_requests",
-} | {f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e", "queue")
-     for s in ("mean", "p50", "p90", "p95", "p99")}
-
 
 @dataclass
 class PreparedSearch:
@@ -65,6 +59,7 @@ class PreparedSearch:
     baseline: dict[str, Any]
     vocab_size: int
     on_cpu: bool
+    sample: StepSample
 
 
 @dataclass
@@ -127,10 +122,31 @@ def prepare(config: SearchConfig, *, tracking_uri: str | None = None, device_has
     except ConfigError as error:
         raise ConfigError(f"space {config.space}: {error}") from None
     vocab_size = _vocab_size(model_path)
+    capacity = config.capacity
+    reference_rps = config.workload.reference_rps or workload.mean_rate_rps
+    accelerators = _largest(space, "num_replicas", 1) * _largest(space, "tensor_parallel_size", 1)
+    sample = sample_step(workload, measured=config.measured_requests(), warmup=capacity.warmup_requests,
+                         windows=capacity.windows, seed=config.seed, min_window_s=capacity.min_window_s,
+                         max_rate_rps=capacity.max_factor * reference_rps * accelerators)
+    _check_step_length(config, sample, reference_rps)
     return PreparedSearch(config=config, space=space, workload=workload, model_path=model_path,
                           tracking_uri=tracking_uri or config.tracking.uri or default_tracking_uri(REPO_ROOT),
-                          reference_rps=config.workload.reference_rps or workload.mean_rate_rps,
-                          baseline=baseline, vocab_size=vocab_size, on_cpu=on_cpu)
+                          reference_rps=reference_rps, baseline=baseline, vocab_size=vocab_size, on_cpu=on_cpu,
+                          sample=sample)
+
+
+def _check_step_length(config: SearchConfig, sample: StepSample, reference_rps: float) -> None:
+    """The slowest step (the lowest load, one accelerator) must fit `capacity.max_step_s`."""
+    capacity = config.capacity
+    lowest = capacity.min_factor * reference_rps
+    requests = len(sample.warmup) + sample.measured_at(lowest)
+    longest = requests / lowest
+    if longest > capacity.max_step_s:
+        raise ConfigError(
+            f"capacity: a step at the lowest load ({capacity.min_factor:g}x the reference, {lowest:.3g} rps) "
+            f"takes {longest:.0f}s for its {requests} requests, over capacity.max_step_s="
+            f"{capacity.max_step_s:g}; raise workload.reference_rps (now {reference_rps:.3g} rps), "
+            "capacity.min_factor, or lower capacity.measured_requests / tail_requests")
 
 
 def _vllm_version() -> str:
@@ -209,14 +225,14 @@ def trial_context(prepared: PreparedSearch) -> TrialContext:
     from trainables.pool import HealthPolicy
     from trainables.trial import Fault, TrialContext
 
-    config, ladder = prepared.config, prepared.config.ladder
+    config, capacity = prepared.config, prepared.config.capacity
     return TrialContext(
-        model=prepared.model_path, workload=prepared.workload, reference_rps=prepared.reference_rps,
-        load_factors=tuple(ladder.factors), reference_factor=ladder.reference_factor, slo=config.slo,
+        model=prepared.model_path, sample=prepared.sample, reference_rps=prepared.reference_rps,
+        plan=capacity.plan(), slo=config.slo,
         engine_defaults={"max_model_len": config.model.max_model_len, **config.model.engine_args},
         on_cpu=prepared.on_cpu, cpu_cores_per_replica=config.hardware.cpu_cores_per_replica,
         kv_budget_bytes=int(config.hardware.kv_budget_mib * (1 << 20)),
-        step_duration_s=ladder.step_duration_s, warmup_s=ladder.warmup_s, deadline_s=ladder.deadline_s,
+        deadline_s=capacity.deadline_s, sustain_horizon_s=capacity.sustain_horizon_s,
         penalty_latency_s=config.penalty_latency_s, vocab_size=prepared.vocab_size,
         start_timeout_s=config.budget.engine_start_timeout_s, seed=config.seed,
         faults=tuple(Fault(**f.model_dump()) for f in config.faults),
@@ -228,29 +244,63 @@ def trial_context(prepared: PreparedSearch) -> TrialContext:
 
 def dry_run_summary(prepared: PreparedSearch) -> list[str]:
     """What a dry run prints: the resolved inputs and an estimate of the engine time the search needs."""
-    config, ladder = prepared.config, prepared.config.ladder
+    config, capacity = prepared.config, prepared.config.capacity
     provenance = prepared.workload.provenance
-    # Engine start-up as measured for the tiny model on CPU; steps run their duration plus a drain.
-    start_s, step_s = 30.0, ladder.step_duration_s + min(ladder.deadline_s, ladder.step_duration_s / 2)
-    worst = config.budget.num_samples * (start_s + len(ladder.factors) * step_s)
-    ref_step = ladder.factors.index(ladder.reference_factor) + 1
-    typical = config.budget.num_samples * (start_s + (ref_step + 1) * step_s)
-    lines = [
+    plan = capacity.plan()
+    cost = trial_cost(prepared)
+    sample = prepared.sample
+    passes = "" if sample.capacity <= len(prepared.workload.requests) else \
+        f" (the trace's {len(prepared.workload.requests)} are replayed in whole passes)"
+    return [
         f"dry run: config valid; every candidate fits the Ray cluster ({_resources_line()})",
         f"model {prepared.model_path} (max_model_len {config.model.max_model_len}), "
         f"{'CPU' if prepared.on_cpu else 'GPU'} engines",
         f"workload {provenance.get('source')} ({provenance.get('format')}): {len(prepared.workload.requests)} "
         f"requests over {prepared.workload.duration_s:.1f}s; reference load {prepared.reference_rps:.2f} rps "
         f"per accelerator; dropped {provenance.get('dropped') or 'none'}",
+        f"each step replays the same sample: {len(sample.starts)} windows of the trace at random offsets, "
+        f"{sample.min_measured} measured requests or {sample.min_window_s:g}s of them, whichever is more "
+        f"(up to {sample.capacity}{passes}), after {len(sample.warmup)} warm-up requests",
         f"space {config.space}: tunes {', '.join(prepared.space.tunable)}; baseline {prepared.baseline}",
-        f"SLO {config.slo}; ladder {', '.join(f'{f:g}x' for f in ladder.factors)}; "
-        f"objectives {', '.join(f'{o.mode} {o.metric}' for o in config.objectives)}",
-        f"estimated engine time: about {typical / 60:.0f} min for {config.budget.num_samples} trials "
-        f"(at most {worst / 60:.0f} min if every trial climbs the whole ladder)"
+        f"SLO {config.slo}; capacity search: climb {', '.join(f'{f:g}x' for f in plan.climb_factors())}, "
+        f"then bisect to {plan.width:.0%}; objectives {', '.join(f'{o.mode} {o.metric}' for o in config.objectives)}",
+        f"estimated engine time: about {config.budget.num_samples * cost.typical_s / 60:.0f} min for "
+        f"{config.budget.num_samples} trials (a trial {cost.typical_s:.0f}s when its capacity is near "
+        f"{cost.typical_factor:g}x, at most {cost.worst_s:.0f}s)"
         + (f"; the search stops after {config.budget.time_budget_s / 60:.0f} min"
            if config.budget.time_budget_s else ""),
     ]
-    return lines
+
+
+@dataclass(frozen=True)
+class TrialCost:
+    """Estimated engine seconds of one single-replica trial."""
+
+    typical_s: float
+    typical_factor: float
+    worst_s: float
+
+
+# Engine start and teardown as measured for the tiny model on CPU, and the time a step takes to drain.
+_START_S, _TEARDOWN_S, _DRAIN_S = 30.0, 5.0, 4.0
+
+
+def trial_cost(prepared: PreparedSearch) -> TrialCost:
+    """Engine time of a trial whose capacity lies near the third climb load (typical), and of one that
+    climbs to the maximum and refines at the top (worst)."""
+    plan = prepared.config.capacity.plan()
+    sample = prepared.sample
+
+    def step_s(factor: float) -> float:
+        rate = factor * prepared.reference_rps
+        return (len(sample.warmup) + sample.measured_at(rate)) / rate + _DRAIN_S
+
+    climb = plan.climb_factors()
+    refine = max(0, plan.worst_case_steps() - len(climb) - 1)
+    typical_factor = climb[min(2, len(climb) - 1)]
+    typical = sum(step_s(f) for f in climb[: min(3, len(climb)) + 1]) + refine * step_s(typical_factor)
+    worst = sum(step_s(f) for f in climb) + refine * step_s(climb[-1]) + prepared.config.capacity.deadline_s
+    return TrialCost(_START_S + _TEARDOWN_S + typical, typical_factor, _START_S + _TEARDOWN_S + worst)
 
 
 def _resources_line() -> str:
@@ -326,7 +376,6 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
     # its engines start (tens of seconds): allow as many pending trials as single replicas fit.
     slots = int(ray.cluster_resources().get("CPU", 1) // config.hardware.cpu_cores_per_replica)
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(max(1, min(slots, 8))))
-    ladder = config.ladder
     context = trial_context(prepared)
 
     client = client_for(prepared.tracking_uri)
@@ -353,9 +402,13 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
                                    resume_errored=False, restart_errored=False)
     else:
         tuner = _new_tuner(prepared, trainable, tracker, tune_path)
+    plan = config.capacity.plan()
     progress(f"search {config.name!r}: {config.budget.num_samples} trials, space {config.space}, "
-             f"SLO {config.slo}, ladder {', '.join(f'{f:g}x' for f in ladder.factors)} of "
-             f"{prepared.reference_rps:.2f} rps per accelerator; MLflow {prepared.tracking_uri}")
+             f"SLO {config.slo}; capacity search from {plan.start_factor:g}x of {prepared.reference_rps:.2f} rps "
+             f"per accelerator (x{plan.growth:g} per climb step up to {plan.max_factor:g}x, then bisect to "
+             f"{plan.width:.0%}), each step at least {prepared.sample.min_measured} measured requests and "
+             f"{prepared.sample.min_window_s:g}s; "
+             f"MLflow {prepared.tracking_uri}")
     status = "FINISHED"
     try:
         tuner.fit()
@@ -369,13 +422,15 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
 
 
 def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, tune_path: str) -> str:
-    config, ladder = prepared.config, prepared.config.ladder
+    config, capacity = prepared.config, prepared.config.capacity
+    plan = capacity.plan()
     return start_parent_run(
         client, config.name, run_name=f"search-{stamp}",
         params={"slo": config.slo, "space": config.space, "model": prepared.model_path,
                 "workload": prepared.workload.provenance.get("source"),
                 "reference_rps": round(prepared.reference_rps, 4),
-                "load_factors": ",".join(f"{f:g}" for f in ladder.factors),
+                "capacity_plan": json.dumps(dataclasses.asdict(plan)),
+                "measured_requests": prepared.sample.min_measured,
                 "num_samples": config.budget.num_samples, "device": "cpu" if prepared.on_cpu else "gpu",
                 "vllm_version": _vllm_version(), "tool_version": __version__,
                 "objectives": ",".join(f"{o.mode}:{o.metric}" for o in config.objectives)},
@@ -384,7 +439,7 @@ def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, 
         documents={"search_config.yaml": config_yaml,
                    "search_space.yaml": yaml.safe_dump(prepared.space.model_dump(mode="json"),
                                                        sort_keys=False),
-                   "workload.json": prepared.workload.provenance,
+                   "workload.json": {**prepared.workload.provenance, "step_sample": prepared.sample.describe()},
                    "baseline.json": prepared.baseline})
 
 
@@ -392,9 +447,9 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    config, ladder = prepared.config, prepared.config.ladder
+    config = prepared.config
     scheduler = RecordingASHA(time_attr="load_step", metric=config.asha.metric, mode=config.asha.mode,
-                              max_t=len(ladder.factors), grace_period=asha_grace_period(config),
+                              max_t=config.capacity.max_steps, grace_period=asha_grace_period(config),
                               reduction_factor=config.asha.reduction_factor, stop_last_trials=False)
     searcher = OptunaSearch(space=prepared.space.define_by_run(),
                             metric=[o.metric for o in config.objectives],
@@ -431,23 +486,37 @@ def make_sampler(seed: int, num_samples: int):
 
 
 def asha_grace_period(config: SearchConfig) -> int:
-    """ASHA's first rung: the configured one, else the first step at twice the reference load.
+    """ASHA's first rung: the configured one, else the first climb step at twice the reference load or more.
 
     Latency at low load says little about where a config breaks: on the recorded grid, rungs at the
-    reference step stopped the best configs in most searches.
+    reference step stopped the best configs in most searches. Every trial climbs the same loads in the
+    same order, so rung k compares all trials at the same load.
     """
-    ladder = config.ladder
     if config.asha.grace_period:
         return config.asha.grace_period
-    later = [i for i, f in enumerate(ladder.factors, 1) if f >= 2 * ladder.reference_factor - 1e-9]
-    return later[0] if later else len(ladder.factors)
+    climb = config.capacity.plan().climb_factors()
+    later = [i for i, f in enumerate(climb, 1) if f >= 2 - 1e-9]
+    return later[0] if later else len(climb)
 
 
 class RecordingASHA(ASHAScheduler):
-    """ASHA that remembers which trials it stopped, so their status says who stopped them.
+    """ASHA that compares trials only where they faced the same load, and remembers whom it stopped.
 
-    It records into the tracker active in this process, so a scheduler restored on resume still does.
+    Rungs are climb steps, where every trial runs the same load. Once a trial's climb has ended (it
+    failed a step and is refining, or descending), ASHA sees the value of its last climb step at every
+    later rung: a trial that failed early keeps its failing headroom (< 1), never the headroom of a
+    lower load it refines at. Stopped trials are recorded into the tracker active in this process, so
+    a scheduler restored on resume still does.
     """
+
+    def _climb_value(self, trial, result):
+        values = self.__dict__.setdefault("_last_climb", {})
+        if result.get("phase", str(Phase.CLIMB)) == str(Phase.CLIMB):
+            values[trial.trial_id] = result.get(self._metric)
+            return result
+        if trial.trial_id not in values:
+            return result
+        return {**result, self._metric: values[trial.trial_id]}
 
     def on_trial_add(self, tune_controller, trial):
         super().on_trial_add(tune_controller, trial)
@@ -466,6 +535,7 @@ class RecordingASHA(ASHAScheduler):
                     log.warning("could not close the searcher's trial %s: %s", trial.trial_id, error)
 
     def on_trial_result(self, tune_controller, trial, result):
+        result = self._climb_value(trial, result)
         decision = super().on_trial_result(tune_controller, trial, result)
         tracker = active_tracker()
         if decision == TrialScheduler.STOP and not result.get("done") and tracker is not None:
@@ -483,7 +553,7 @@ def find_resumable(client, experiment: str) -> tuple[str, str]:
     from ray import tune
 
     exp_id = experiment_id(client, experiment, create=False)
-    runs = client.search_runs([exp_id], filter_string="tags.run_kind = 'search'",
+    runs = client.search_runs([exp_id], filter_string=f"tags.run_kind = '{RunKind.SEARCH}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
         raise TrackingError(f"--resume: experiment {experiment!r} has no search to resume")
@@ -502,7 +572,7 @@ def _finish(client, prepared: PreparedSearch, tracker: TrialTracker, parent: str
     config = prepared.config
     objectives = [(o.metric, o.mode) for o in config.objectives]
     trials = list(tracker.outcomes.values())
-    comparable = [t for t in trials if t.status in ("completed", "early_stopped") and t.metrics]
+    comparable = [t for t in trials if t.status in FEASIBLE_STATUSES and t.metrics]
     front = [comparable[i] for i in non_dominated([t.metrics for t in comparable], objectives)]
     front.sort(key=lambda t: -t.metrics.get(objectives[0][0], 0) if objectives[0][1] == "max"
                else t.metrics.get(objectives[0][0], 0))
@@ -518,9 +588,9 @@ def _finish(client, prepared: PreparedSearch, tracker: TrialTracker, parent: str
         str(t.params.get(k)) == str(v) for k, v in prepared.baseline.items())), None)
     if baseline is not None:
         client.set_tag(parent, "baseline_trial_id", baseline.trial_id)
-    counts = {s: sum(t.status == s for t in trials) for s in ("completed", "early_stopped", "infeasible")}
+    counts = {s: sum(t.status == s for t in trials) for s in FINAL_STATUSES}
     for key, value in counts.items():
-        client.log_metric(parent, f"trials_{key}", float(value))
+        client.log_metric(parent, f"trials_{key.value}", float(value))
     client.set_terminated(parent, status)
     return SearchOutcome(experiment=config.name, parent_run_id=parent, tracking_uri=prepared.tracking_uri,
                          trials=trials, pareto=front, wall_s=time.monotonic() - started, baseline=baseline)
@@ -540,10 +610,10 @@ def pareto_figure(trials: list[TrialOutcome], front: list[TrialOutcome], objecti
 
     (y_metric, _), (x_metric, _) = objectives[0], objectives[-1]
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for status, marker in (("completed", "o"), ("early_stopped", "^")):
+    for status, marker in ((TrialStatus.COMPLETED, "o"), (TrialStatus.EARLY_STOPPED, "^")):
         points = [t for t in trials if t.status == status and t.metrics]
         axes.scatter([t.metrics.get(x_metric, 0) for t in points], [t.metrics.get(y_metric, 0) for t in points],
-                     marker=marker, alpha=0.5, label=status.replace("_", " "))
+                     marker=marker, alpha=0.5, label=status.value.replace("_", " "))
     ordered = sorted(front, key=lambda t: t.metrics.get(x_metric, 0))
     axes.plot([t.metrics.get(x_metric, 0) for t in ordered], [t.metrics.get(y_metric, 0) for t in ordered],
               "r-o", label="Pareto front")

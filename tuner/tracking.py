@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TrackingError
+from tuner.vocabulary import FINAL_STATUSES, PARENT_TAG, RUN_KIND_TAG, RunKind, TrialStatus
 
-PARENT_TAG = "mlflow.parentRunId"
+# How MLflow's SQL stores write an infinite value (they cannot hold inf); the SLO's statistics are +inf
+# when failed requests decide them, and must read back as larger than any bound.
+MLFLOW_INFINITY = 1.7976931348623157e308
 # Keys Tune adds to every result; they are bookkeeping, not measurements.
 _TUNE_KEYS = {"done", "training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid",
               "time_since_restore", "iterations_since_restore", "timesteps_total", "episodes_total",
@@ -55,13 +58,16 @@ def experiment_id(client, name: str, *, create: bool) -> str:
 
 
 def measurable(result: dict[str, Any]) -> dict[str, float]:
-    """The numeric, finite measurements of a Tune result (Tune's own bookkeeping left out)."""
+    """The numeric measurements of a Tune result (Tune's own bookkeeping and NaN left out; an infinite
+    value as MLflow's SQL stores write it, `MLFLOW_INFINITY`)."""
     out = {}
     for key, value in result.items():
         if key in _TUNE_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if math.isfinite(value):
             out[key] = float(value)
+        elif math.isinf(value):
+            out[key] = math.copysign(MLFLOW_INFINITY, value)
     return out
 
 
@@ -73,7 +79,7 @@ class TrialOutcome:
     run_id: str
     params: dict[str, Any]
     metrics: dict[str, float] = field(default_factory=dict)
-    status: str = "running"
+    status: str = TrialStatus.RUNNING
     reason: str = ""
     steps: int = 0
     closed: bool = False
@@ -147,14 +153,14 @@ class TrialTracker:
             trial_id = run.data.tags.get("trial_id")
             if not trial_id:
                 continue
-            status = run.data.tags.get("trial_status", "running")
+            status = run.data.tags.get("trial_status", TrialStatus.RUNNING.value)
             outcome = TrialOutcome(trial_id, run.info.run_id, dict(run.data.params),
                                    metrics=dict(run.data.metrics), status=status,
                                    reason=run.data.tags.get("status_reason", ""),
                                    steps=int(run.data.metrics.get("load_step", 0)), closed=True)
-            if status not in ("completed", "early_stopped", "infeasible") or run.info.status == "RUNNING":
+            if status not in FINAL_STATUSES or run.info.status == "RUNNING":
                 interrupted += 1
-                outcome.status, outcome.reason = "early_stopped", reason
+                outcome.status, outcome.reason = TrialStatus.EARLY_STOPPED, reason
                 self.client.set_tag(run.info.run_id, "trial_status", outcome.status)
                 self.client.set_tag(run.info.run_id, "status_reason", reason)
                 self.client.set_terminated(run.info.run_id, "KILLED")
@@ -166,7 +172,8 @@ class TrialTracker:
             return
         run = self.client.create_run(self.experiment_id, run_name=f"trial-{trial_id}",
                                      tags={PARENT_TAG: self.parent_run_id, "trial_id": trial_id,
-                                           "trial_status": "running"})
+                                           RUN_KIND_TAG: RunKind.TRIAL.value,
+                                           "trial_status": TrialStatus.RUNNING.value})
         for key, value in params.items():
             self.client.log_param(run.info.run_id, key, value)
         self.outcomes[trial_id] = TrialOutcome(trial_id, run.info.run_id, params)
@@ -186,20 +193,22 @@ class TrialTracker:
         now = int(time.time() * 1000)
         self.client.log_batch(outcome.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
         outcome.metrics, outcome.steps = metrics, step
-        outcome.status = str(result.get("trial_status", "running"))
+        outcome.status = TrialStatus(str(result.get("trial_status", TrialStatus.RUNNING)))
         outcome.reason = str(result.get("status_reason", ""))
-        if outcome.status == "infeasible":
+        if outcome.status == TrialStatus.INFEASIBLE:
             self._say(f"  {trial_id} infeasible: {outcome.reason}")
             return
         verdict = "pass" if metrics.get("slo_pass") else "FAIL"
+        if metrics.get("overloaded"):
+            verdict += f" (TTFT grew {metrics.get('ttft_growth', 0):.2f} s/s: not sustainable)"
         health = ""
         if metrics.get("replica_failures") or metrics.get("false_alarms"):
             health = (f"  | {metrics.get('replica_failures', 0):.0f} replica(s) declared dead, detected in "
                       f"{metrics.get('detection_s', 0):.1f}s, {metrics.get('false_alarms', 0):.0f} false "
                       f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
                       f"{metrics.get('lost_requests', 0):.0f} lost")
-        self._say(f"  {trial_id} step {step} ({metrics.get('load_factor', 0):g}x, "
-                  f"{metrics.get('offered_rps', 0):.2f} rps): {verdict}  headroom "
+        self._say(f"  {trial_id} step {step} {result.get('phase', '')} {metrics.get('load_factor', 0):.3g}x "
+                  f"({metrics.get('arrival_rps', 0):.2f} rps): {verdict}  headroom "
                   f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
                   f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s"
                   + health)
@@ -212,9 +221,9 @@ class TrialTracker:
         if outcome is None or outcome.closed:
             return
         if error is not None:
-            outcome.status, outcome.reason = "infeasible", f"trial crashed: {error}"
-        elif outcome.status not in ("completed", "infeasible"):
-            outcome.status = "early_stopped"
+            outcome.status, outcome.reason = TrialStatus.INFEASIBLE, f"trial crashed: {error}"
+        elif outcome.status not in (TrialStatus.COMPLETED, TrialStatus.INFEASIBLE):
+            outcome.status = TrialStatus.EARLY_STOPPED
             outcome.reason = self.stopped_by_scheduler.get(
                 trial_id, f"stopped after step {outcome.steps} by the search's budget")
         self._close(outcome)
@@ -223,23 +232,39 @@ class TrialTracker:
         """End every run still open (search interrupted or budget spent) as early_stopped."""
         for outcome in self.outcomes.values():
             if not outcome.closed:
-                if outcome.status not in ("completed", "infeasible"):
-                    outcome.status, outcome.reason = "early_stopped", reason
+                if outcome.status not in (TrialStatus.COMPLETED, TrialStatus.INFEASIBLE):
+                    outcome.status, outcome.reason = TrialStatus.EARLY_STOPPED, reason
                 self._close(outcome)
 
     def _close(self, outcome: TrialOutcome) -> None:
         run_id = outcome.run_id
-        self.client.set_tag(run_id, "trial_status", outcome.status)
+        status = TrialStatus(outcome.status)
+        self.client.set_tag(run_id, "trial_status", status.value)
         self.client.set_tag(run_id, "status_reason", outcome.reason[:5000])
-        self.client.set_terminated(run_id, "FINISHED" if outcome.status != "infeasible" else "FAILED")
+        self.client.set_terminated(run_id, "FINISHED" if status != TrialStatus.INFEASIBLE else "FAILED")
         outcome.closed = True
-        capacity = outcome.metrics.get("capacity_rps_per_accel", 0.0)
-        self._say(f"trial {outcome.trial_id} {outcome.status}: capacity {capacity:.2f} rps/accel, "
+        self._say(f"trial {outcome.trial_id} {status.value}: {capacity_text(outcome.metrics, status)}, "
                   f"ref ttft p95 {_fmt(outcome.metrics.get('ref_ttft_p95_s'))}s; {outcome.reason}")
 
     def _say(self, line: str) -> None:
         elapsed = int(time.monotonic() - self._started)
         self.progress(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
+
+
+def capacity_text(metrics: dict[str, float], status: TrialStatus | str) -> str:
+    """A trial's capacity as people should read it: 'capacity 13.2 rps/accel (bracket 12.6-14.1)',
+    'capacity >= 15.9 rps/accel (censored)', or 'no capacity' for an infeasible trial."""
+    if TrialStatus(status) == TrialStatus.INFEASIBLE:
+        return "no capacity (infeasible)"
+    capacity = metrics.get("capacity_rps_per_accel", 0.0)
+    if metrics.get("capacity_censored"):
+        return f"capacity >= {capacity:.3g} rps/accel (censored: no step failed)"
+    hi = metrics.get("capacity_hi_rps_per_accel")
+    if capacity <= 0:
+        return f"capacity 0: failed the SLO at every load tried (lowest failing {_fmt(hi)} rps/accel)"
+    bracket = f" (bracket {capacity:.3g}-{hi:.3g})" if hi is not None else ""
+    flag = ", inconsistent" if metrics.get("capacity_inconsistent") else ""
+    return f"capacity {capacity:.3g} rps/accel{bracket}{flag}"
 
 
 def _fmt(value: Any) -> str:
@@ -252,7 +277,7 @@ def start_parent_run(client, experiment: str, *, run_name: str, params: dict[str
                      tags: dict[str, str], documents: dict[str, Any]) -> str:
     """Open the search's parent run with its params, tags and JSON/YAML documents; returns its id."""
     exp_id = experiment_id(client, experiment, create=True)
-    run = client.create_run(exp_id, run_name=run_name, tags={"run_kind": "search", **tags})
+    run = client.create_run(exp_id, run_name=run_name, tags={RUN_KIND_TAG: RunKind.SEARCH.value, **tags})
     for key, value in params.items():
         client.log_param(run.info.run_id, key, str(value)[:6000])
     for name, document in documents.items():

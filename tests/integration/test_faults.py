@@ -15,6 +15,8 @@ from helpers import ENGINE_PATTERN, leftover_processes
 from trainables.pool import HealthPolicy, start_ray_pool
 from trainables.trial import Fault, TrialContext, TrialRunner
 from trainables.vllm_engine import EngineSpec
+from tuner.capacity import CapacityPlan
+from tuner.sampling import sample_step
 from tuner.tiny_model import ensure_tiny_model
 from tuner.workload.records import Request, Workload
 
@@ -24,10 +26,19 @@ WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_to
                     {"source": "test"})
 
 
+def _plan(*factors: float) -> CapacityPlan:
+    """A capacity search that climbs exactly `factors` (x1.5 apart) unless a step fails."""
+    return CapacityPlan(start_factor=factors[0], growth=1.5, max_factor=factors[-1], min_factor=factors[0],
+                        resolution=1.0)
+
+
 def _context(**overrides) -> TrialContext:
-    values = dict(model=str(ensure_tiny_model()), workload=WORKLOAD, reference_rps=5.0, load_factors=(1.0,),
-                  slo="ttft:p95<5s; tpot:p95<200ms", engine_defaults={"max_model_len": 1024},
-                  kv_budget_bytes=16 << 20, step_duration_s=12.0, warmup_s=0.0, deadline_s=60.0)
+    # 12 s steps at 5 rps per replica, evenly spaced, no warm-up (two replicas: 120 requests).
+    values = dict(model=str(ensure_tiny_model()), sample=sample_step(WORKLOAD, measured=120, warmup=0, windows=1,
+                                                                     seed=0),
+                  reference_rps=5.0, plan=_plan(1.0), slo="ttft:p95<5s; tpot:p95<200ms",
+                  engine_defaults={"max_model_len": 1024}, kv_budget_bytes=16 << 20, deadline_s=60.0,
+                  sustain_horizon_s=None)
     values.update(overrides)
     return TrialContext(**values)
 
@@ -52,7 +63,7 @@ def _run_trial(context: TrialContext, params: dict) -> dict:
 @pytest.mark.parametrize("kind", ["kill", "freeze"])
 def test_a_real_fault_is_detected_in_time_and_loses_no_request(ray_local, kind):
     period, timeout, threshold = 0.5, 1.0, 2
-    context = _context(faults=(Fault(kind=kind, step=1, at_fraction=0.25, replica=0),))
+    context = _context(faults=(Fault(kind=kind, at_load=1.0, at_fraction=0.25, replica=0),))
     result = _run_trial(context, {"heartbeat_period_s": period, "heartbeat_timeout_s": timeout,
                                   "failure_threshold": threshold})
     declarations = result["_declarations"]
@@ -70,7 +81,8 @@ def test_a_real_fault_is_detected_in_time_and_loses_no_request(ray_local, kind):
 
 def test_a_too_tight_timeout_under_load_raises_false_alarms_that_cost_capacity(ray_local):
     # Heavy load (3x the reference rate on two replicas): pings queue behind generation.
-    context = _context(load_factors=(3.0,), reference_factor=3.0, slo="ttft:p95<2s; tpot:p95<100ms")
+    context = _context(plan=_plan(3.0), slo="ttft:p95<2s; tpot:p95<100ms",
+                       sample=sample_step(WORKLOAD, measured=360, warmup=0, windows=1, seed=0))
     tight = _run_trial(context, {"heartbeat_period_s": 0.05, "heartbeat_timeout_s": 0.002,
                                  "failure_threshold": 1})
     loose = _run_trial(context, {"heartbeat_period_s": 1.0, "heartbeat_timeout_s": 10.0,
@@ -88,7 +100,7 @@ def test_an_engine_that_dies_on_its_own_makes_the_trial_infeasible_with_the_reas
     async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
         return await start_ray_pool(spec, replicas, placement_group=None, health=health, replace=True)
 
-    context = _context(load_factors=(1.0, 1.5), reference_factor=1.0, slo="e2e:p99<60s")
+    context = _context(plan=_plan(1.0, 1.5), slo="e2e:p99<60s")
     runner = TrialRunner(context, {"num_replicas": 2, "max_num_seqs": 16, "max_num_batched_tokens": 512,
                                    "heartbeat_period_s": 0.5, "heartbeat_timeout_s": 2.0,
                                    "failure_threshold": 2}, factory)

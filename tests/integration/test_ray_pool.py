@@ -8,11 +8,11 @@ import time
 import pytest
 from helpers import ENGINE_PATTERN, leftover_processes
 
-from trainables.ladder import plan_step
 from trainables.pool import start_ray_pool
 from trainables.replay import replay_step
 from trainables.vllm_engine import EngineSpec
 from tuner.errors import EngineError
+from tuner.sampling import plan_step, sample_step
 from tuner.tiny_model import ensure_tiny_model
 from tuner.workload.records import Request, Workload
 
@@ -40,7 +40,8 @@ def test_two_replicas_start_in_parallel_share_load_and_leave_nothing(ray_local):
         assert {tuple(i["cores"]) for i in pool.info} == {(0,), (1,)}, "each replica on its own core"
         # In parallel: well under twice one engine's start (each alone takes most of this).
         assert start_s < 2 * max(i["start_s"] for i in pool.info)
-        plan = plan_step(WORKLOAD, rate_rps=10, duration_s=3, warmup_s=0.5, step_seed=1, vocab_size=4096)
+        plan = plan_step(sample_step(WORKLOAD, measured=25, warmup=5, windows=1, seed=0), rate_rps=10, step_seed=1,
+                         vocab_size=4096)
         records = loop.run_until_complete(replay_step(pool, plan, deadline_s=20, id_prefix="pool"))
         assert all(r.ok for r in records), [r.error for r in records if not r.ok]
         assert {r.replica for r in records} == {0, 1}
@@ -55,7 +56,8 @@ def test_requests_of_a_killed_replica_are_retried_and_no_engine_is_left_behind(r
     loop = asyncio.new_event_loop()
     pool = loop.run_until_complete(start_ray_pool(_spec(), 2, placement_group=None))
     try:
-        plan = plan_step(WORKLOAD, rate_rps=10, duration_s=3, warmup_s=0, step_seed=2, vocab_size=4096)
+        plan = plan_step(sample_step(WORKLOAD, measured=30, warmup=0, windows=1, seed=0), rate_rps=10, step_seed=2,
+                         vocab_size=4096)
 
         async def kill_soon():
             await asyncio.sleep(1.0)

@@ -33,7 +33,7 @@ def _search(tmp_path, config: str, name: str):
 def test_short_search_records_every_trial_and_the_front(tmp_path):
     result, client, parent, trials = _search(tmp_path, "search-short.yaml", "e2e-short")
     assert "Pareto-optimal configs" in result.stdout
-    assert "step 1 (1x" in result.stdout, "progress lines are printed while the search runs"
+    assert "step 1 climb 1x (" in result.stdout, "progress lines are printed while the search runs"
 
     # Parent: SLO, provenance and the search config recorded; the front and its plot attached.
     assert parent.data.params["slo"] == "ttft:p95<1s; tpot:p95<50ms"
@@ -61,16 +61,30 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
         # Metrics per load step, with step = load_step.
         history = client.get_metric_history(trial.info.run_id, "slo_headroom")
         assert [m.step for m in history] == list(range(1, len(history) + 1))
-        for key in ("capacity_rps_per_accel", "ref_ttft_p95_s", "ttft_p95_s", "tpot_p95_s", "itl_p95_s",
-                    "e2e_p99_s", "goodput_rps", "slo_attainment", "output_tok_s", "send_lag_p99_s",
-                    "offered_rps", "achieved_rps", "failed_requests"):
+        for key in ("capacity_rps_per_accel", "capacity_lo_rps_per_accel", "capacity_censored", "ref_ttft_p95_s",
+                    "ttft_p95_s", "tpot_p95_s", "itl_p95_s", "e2e_p99_s", "slo_ttft_p95_s", "goodput_rps",
+                    "slo_attainment", "output_tok_s", "send_lag_p99_s", "offered_rps", "arrival_rps",
+                    "measured_requests", "achieved_rps", "failed_requests"):
             assert key in trial.data.metrics, key
+        assert trial.data.tags["run_kind"] == "trial"
+        metrics = trial.data.metrics
+        # The capacity is a measured rate: the arrival rate of a step that passed, per accelerator.
+        passed = [m.value for m in client.get_metric_history(trial.info.run_id, "arrival_rps")
+                  if any(p.step == m.step and p.value == 1.0
+                         for p in client.get_metric_history(trial.info.run_id, "slo_pass"))]
+        accelerators = metrics["num_accelerators"]
+        if metrics["capacity_rps_per_accel"] > 0:
+            assert any(abs(v / accelerators - metrics["capacity_rps_per_accel"]) < 1e-9 for v in passed)
+        if metrics["capacity_censored"] == 0.0 and metrics["capacity_rps_per_accel"] > 0:
+            assert metrics["capacity_hi_rps_per_accel"] > metrics["capacity_rps_per_accel"]
     # The baseline (two replicas) ran first, and load was per accelerator.
     baseline = [t for t in trials if t.data.params["num_replicas"] == "2"
                 and t.data.params["max_num_seqs"] == "32"]
     assert baseline, "the baseline point is evaluated"
     first = client.get_metric_history(baseline[0].info.run_id, "offered_rps")
-    assert first and first[0].value == pytest.approx(2 * 5.313, rel=0.01)
+    assert first and first[0].value == pytest.approx(2 * 10.0, rel=0.01)
+    measured = client.get_metric_history(baseline[0].info.run_id, "arrival_rps")
+    assert measured[0].value == pytest.approx(20.0, rel=0.05), "the step offered the load it was asked to"
 
     # The front holds non-dominated, comparable trials only.
     front = pareto["trials"]

@@ -34,6 +34,7 @@ from tuner.export import (
     vllm_serve_config,
 )
 from tuner.slo import parse_slo
+from tuner.tracking import MLFLOW_INFINITY
 
 SLO = "ttft:p95<2s; tpot:p95<50ms"
 FACTORS = (0.5, 1.0, 2.0)
@@ -91,9 +92,15 @@ def trial(
     }
 
 
-def _step_metrics(spec: dict[str, Any]) -> list[dict[str, float]]:
-    """Per-step metrics as the trainable reports them (capacity and ref latencies carried forward)."""
-    steps, capacity, ref = [], 0.0, {}
+def _step_metrics(spec: dict[str, Any], *, slo_statistics: bool = True) -> list[dict[str, float]]:
+    """Per-step metrics as the trainable reports them (capacity and ref latencies carried forward).
+
+    The steps climb FACTORS and stop at the first failure, as a capacity search's climb does.
+    """
+    from tuner.capacity import Observation, bracket
+    from tuner.metrics import capacity_metrics
+
+    steps, seen, ref = [], [], {}
     accelerators = spec["accelerators"]
     for index, ttft in enumerate(spec["ttft"]):
         tpot = spec["tpot"][index]
@@ -102,8 +109,7 @@ def _step_metrics(spec: dict[str, Any]) -> list[dict[str, float]]:
         factor = FACTORS[index]
         offered = factor * REFERENCE_RPS * accelerators
         passed = ttft <= 2.0 and tpot <= 0.05 and failed == 0
-        if passed:
-            capacity = offered / accelerators
+        seen.append(Observation(factor, offered / accelerators, passed))
         if factor == 1.0:
             ref = {"ref_ttft_p95_s": ttft, "ref_tpot_p95_s": tpot, "ref_e2e_p95_s": e2e}
         metrics = {
@@ -118,10 +124,10 @@ def _step_metrics(spec: dict[str, Any]) -> list[dict[str, float]]:
             "output_tok_s": 50 * offered,
             "failed_requests": failed,
             "num_accelerators": float(accelerators),
-            "capacity_rps": capacity * accelerators,
-            "capacity_rps_per_accel": capacity,
-            "capacity_censored": 1.0 if spec["status"] == "early_stopped" else 0.0,
+            "arrival_rps": offered,
+            "measured_requests": 100.0,
             "engine_start_s": 20.0,
+            **capacity_metrics(bracket(seen), accelerators),
         }
         for metric, value in (
             ("ttft", ttft),
@@ -132,6 +138,9 @@ def _step_metrics(spec: dict[str, Any]) -> list[dict[str, float]]:
         ):
             for stat, scale in (("mean", 0.6), ("p50", 0.5), ("p90", 0.9), ("p95", 1.0), ("p99", 1.2)):
                 metrics[f"{metric}_{stat}_s"] = value * scale
+                if slo_statistics:  # failed requests make the tail infinite, as the search's rule has it
+                    tail = failed > 0 and metric in ("ttft", "tpot", "e2e") and stat in ("p95", "p99")
+                    metrics[f"slo_{metric}_{stat}_s"] = MLFLOW_INFINITY if tail else value * scale
         metrics.update(
             ref or {"ref_ttft_p95_s": PENALTY, "ref_tpot_p95_s": PENALTY, "ref_e2e_p95_s": PENALTY}
         )
@@ -172,7 +181,7 @@ def build_store(
         "model": {"path": None, "max_model_len": 2048, "engine_args": engine_args or {}},
         "hardware": {"device": device, "cpu_cores_per_replica": 1, "kv_budget_mib": 64.0},
         "slo": slo,
-        "ladder": {"factors": list(FACTORS), "reference_factor": 1.0},
+        "capacity": {"start_factor": FACTORS[0], "growth": 2.0, "max_factor": FACTORS[-1]},
         "objectives": [
             {"metric": "capacity_rps_per_accel", "mode": "max"},
             {"metric": "ref_ttft_p95_s", "mode": "min"},
@@ -194,7 +203,8 @@ def build_store(
             "model": model,
             "workload": provenance.get("source"),
             "reference_rps": REFERENCE_RPS,
-            "load_factors": ",".join(f"{f:g}" for f in FACTORS),
+            "capacity_plan": json.dumps({"start_factor": FACTORS[0], "growth": 2.0, "max_factor": FACTORS[-1],
+                                         "min_factor": FACTORS[0], "resolution": 0.1, "noise": 0.0}),
             "num_samples": len(trials),
             "device": device,
             "objectives": "max:capacity_rps_per_accel,min:ref_ttft_p95_s",
@@ -371,7 +381,7 @@ def test_rejudge_under_a_stricter_slo_lowers_capacity(store: str) -> None:
     assert pick_trial(trials, "max-capacity").trial_id == "fast0003"  # tie at 2.0, lower ref TTFT
 
 
-def test_rejudge_under_a_laxer_slo_stops_where_the_ladder_was_measured(store: str) -> None:
+def test_rejudge_under_a_laxer_slo_is_censored_where_the_search_measured(store: str) -> None:
     from tuner.tracking import client_for
 
     record = load_search(client_for(store), "exp-a")
@@ -379,19 +389,40 @@ def test_rejudge_under_a_laxer_slo_stops_where_the_ladder_was_measured(store: st
     by_id = {t.trial_id: t for t in trials}
     assert rejudged
     assert by_id["base0001"].capacity == pytest.approx(4.0)  # passes the top step now
-    assert by_id["base0001"].metrics["capacity_censored"] == 0.0  # the whole ladder was climbed
+    assert by_id["base0001"].metrics["capacity_censored"] == 1.0  # no measured load fails: a lower bound
+    assert "capacity_hi_rps_per_accel" not in by_id["base0001"].metrics
     assert by_id["stop0004"].capacity == pytest.approx(2.0)
     assert by_id["stop0004"].metrics["capacity_censored"] == 1.0  # stopped early: a lower bound
 
 
-def test_failed_requests_fail_a_step_under_a_new_slo() -> None:
-    steps = (
-        {"load_step": 1, "offered_rps": 1.0, "ttft_p95_s": 0.1, "failed_requests": 0.0},
-        {"load_step": 2, "offered_rps": 2.0, "ttft_p95_s": 0.1, "failed_requests": 3.0},
-        {"load_step": 3, "offered_rps": 4.0, "ttft_p95_s": 0.1, "failed_requests": 0.0},
-    )
-    judged = rejudge(TrialRow("t", "r", "completed", steps=steps), parse_slo("ttft:p95<1s"), ladder_len=3)
-    assert judged.capacity == pytest.approx(1.0)  # the ladder stops at its first failure
+def _step(load: float, ttft_p95: float, failed: float, *, recorded_slo: bool) -> dict[str, float]:
+    step = {"load_factor": load, "offered_rps": load, "arrival_rps": load, "ttft_p95_s": ttft_p95,
+            "failed_requests": failed}
+    if recorded_slo:
+        step["slo_ttft_p95_s"] = MLFLOW_INFINITY if failed >= 5 else ttft_p95
+    return step
+
+
+def test_rejudging_applies_the_searchs_own_rule_to_failed_requests() -> None:
+    # 3 failed requests in 100 leave the p95 finite (the search passed that step); 5 make it infinite.
+    steps = tuple(_step(load, 0.1, failed, recorded_slo=True) for load, failed in ((1.0, 0.0), (2.0, 3.0),
+                                                                                    (4.0, 5.0)))
+    judged = rejudge(TrialRow("t", "r", "completed", steps=steps), parse_slo("ttft:p95<1s"))
+    assert judged.capacity == pytest.approx(2.0)
+    assert judged.metrics["capacity_hi_rps_per_accel"] == pytest.approx(4.0)
+    assert step_passes(steps[1], parse_slo("ttft:p95<1s")) and not step_passes(steps[2], parse_slo("ttft:p95<1s"))
+
+
+def test_steps_recorded_before_slo_statistics_fail_on_any_failed_request() -> None:
+    steps = tuple(_step(load, 0.1, failed, recorded_slo=False) for load, failed in ((1.0, 0.0), (2.0, 3.0)))
+    judged = rejudge(TrialRow("t", "r", "completed", steps=steps), parse_slo("ttft:p95<1s"))
+    assert judged.capacity == pytest.approx(1.0) and judged.metrics["capacity_hi_rps_per_accel"] == 2.0
+
+
+def test_a_growing_queue_fails_a_step_under_a_tighter_ttft_bound() -> None:
+    step = {**_step(1.0, 0.5, 0.0, recorded_slo=True), "ttft_projected_s": 4.0}
+    assert step_passes(step, parse_slo("ttft:p95<5s"))
+    assert not step_passes(step, parse_slo("ttft:p95<3s"))
 
 
 def test_the_recorded_slo_spelled_differently_keeps_the_search_verdicts(store: str) -> None:
@@ -421,7 +452,8 @@ def test_load_search_reads_trials_steps_and_documents(store: str) -> None:
 
     record = load_search(client_for(store), "exp-a")
     assert record.slo == SLO and record.device == "cpu" and record.model == "/models/tiny"
-    assert record.max_model_len == 2048 and record.kv_budget_mib == 64.0 and record.load_factors == FACTORS
+    assert record.max_model_len == 2048 and record.kv_budget_mib == 64.0
+    assert record.capacity_plan["start_factor"] == FACTORS[0] and record.capacity_plan["max_factor"] == FACTORS[-1]
     assert [t.trial_id for t in record.trials] == ["base0001", "win00002", "fast0003", "stop0004", "dead0005"]
     winner = record.trials[1]
     assert winner.params["enable_prefix_caching"] is False and winner.params["max_num_seqs"] == 32

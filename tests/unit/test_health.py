@@ -8,7 +8,8 @@ import pytest
 from stand_in import StandInEngine
 
 from trainables.pool import EnginePool, HealthPolicy
-from trainables.replay import PlannedRequest, replay_step
+from trainables.replay import replay_step
+from tuner.records import PlannedRequest
 
 
 def _plan(n: int, gap_s: float, output: int = 30) -> list[PlannedRequest]:

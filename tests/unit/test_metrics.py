@@ -1,4 +1,4 @@
-"""Unit tests of records -> step summaries -> ladder metrics."""
+"""Unit tests of records -> step summaries (the one SLO rule, sustainability) -> trial metrics."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainables.protocol import RequestRecord
 from tuner.metrics import (
     StepSummary,
-    ladder_metrics,
+    judge,
+    overload,
     request_values,
+    slo_statistics,
     stat,
     summarize_step,
+    trial_metrics,
 )
+from tuner.records import RequestRecord
 from tuner.slo import METRICS, STATS, Slo, SloTerm, parse_slo
 
 INF = math.inf
@@ -61,26 +64,20 @@ def summarize(records: list[RequestRecord], slo: str = "ttft:p95<1s", window_s: 
 
 
 def step(load_step: int, passed: bool, offered_rps: float) -> StepSummary:
-    return StepSummary(load_step, float(load_step), offered_rps, passed, {})
+    """A step at load factor = offered rate, whose measured arrival rate is the offered one."""
+    return StepSummary(load_step, offered_rps, offered_rps, passed, {"arrival_rps": offered_rps})
 
 
-def ladder(
+def trial(
     steps: list[StepSummary],
     ref: list[RequestRecord] | None = None,
     *,
-    ladder_len: int = 4,
     num_accelerators: int = 2,
     penalty_latency_s: float = 60.0,
 ) -> dict[str, float]:
-    """Ladder metrics with reference step 1 and the given (or default) settings."""
-    return ladder_metrics(
-        steps,
-        ref_load_step=1,
-        ladder_len=ladder_len,
-        num_accelerators=num_accelerators,
-        penalty_latency_s=penalty_latency_s,
-        ref_records=ref,
-    )
+    """Trial metrics with the given (or default) settings."""
+    return trial_metrics(steps, num_accelerators=num_accelerators, penalty_latency_s=penalty_latency_s,
+                         ref_records=ref)
 
 
 # --- request_values ---------------------------------------------------------------------------
@@ -188,7 +185,8 @@ def test_summary_rates_counts_and_latency_keys() -> None:
     for metric in ("ttft", "tpot", "itl", "e2e"):
         assert all(f"{metric}_{s}_s" in m for s in STATS)
     assert not any(key.startswith("queue_") for key in m)
-    assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
+    assert all(isinstance(v, float) and math.isfinite(v) for k, v in m.items() if not k.startswith("slo_"))
+    assert m["measured_requests"] == 5.0
 
 
 def test_queue_keys_appear_when_the_engine_reports_queueing() -> None:
@@ -375,7 +373,7 @@ _slos = st.lists(
 def test_summary_invariants(records: list[RequestRecord], slo: Slo) -> None:
     summary = summarize_step(records, slo, load_step=1, load_factor=1.0, offered_rps=2.0, window_s=5.0)
     m = summary.metrics
-    assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
+    assert all(isinstance(v, float) and math.isfinite(v) for k, v in m.items() if not k.startswith("slo_"))
     assert 0.0 <= m["slo_headroom"] <= 100.0
     assert 0.0 <= m["slo_attainment"] <= 1.0
     assert m["goodput_rps"] <= m["achieved_rps"]
@@ -387,42 +385,116 @@ def test_summary_invariants(records: list[RequestRecord], slo: Slo) -> None:
         pytest.fail("a failing step reports headroom above 1")
 
 
-# --- ladder_metrics ---------------------------------------------------------------------------
+# --- the one SLO rule: slo_statistics + judge ----------------------------------------------------
+
+
+def test_slo_statistics_count_failures_as_infinitely_slow_and_judge_applies_any_slo() -> None:
+    records = [record(ttft=0.1, e2e=1.0)] * 19 + [record(ok=False)]
+    statistics = slo_statistics(records)
+    assert statistics["slo_ttft_p50_s"] == pytest.approx(0.1)
+    assert statistics["slo_ttft_p95_s"] == INF  # 1 failure in 20 reaches the p95
+    assert statistics["slo_itl_p99_s"] == pytest.approx(0.1)  # failures add nothing to itl
+    assert judge(statistics, parse_slo("ttft:p90<1s")) == (True, pytest.approx(10.0))
+    assert judge(statistics, parse_slo("ttft:p95<1s")) == (False, 0.0)
+    assert judge({}, parse_slo("ttft:p50<1s")) == (False, 0.0), "a statistic never measured never passes"
+
+
+@given(st.lists(_records, max_size=30), _slos)
+def test_a_step_passes_exactly_when_judge_passes_its_recorded_statistics(
+    records: list[RequestRecord], slo: Slo
+) -> None:
+    summary = summarize_step(records, slo, load_step=1, load_factor=1.0, offered_rps=2.0, window_s=5.0)
+    recorded = {k: v for k, v in summary.metrics.items() if k.startswith("slo_") and k.endswith("_s")}
+    assert summary.passed == judge(recorded, slo)[0]
+
+
+# --- sustainability --------------------------------------------------------------------------------
+
+
+def _queueing(excess: float, n: int = 200, rate: float = 10.0, seed: int = 0) -> list[RequestRecord]:
+    """Requests at `rate` whose TTFT grows by `excess` seconds per second sent, with noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        sent = i / rate
+        ttft = max(0.01, 0.2 + excess * sent + rng.normal(0, 0.05))
+        out.append(record(ttft=ttft, e2e=ttft + 1.0, out=20, sent=sent))
+    return out
+
+
+def test_a_growing_queue_is_not_sustainable_even_when_the_step_passes_its_bounds() -> None:
+    records = _queueing(0.08)  # TTFT 0.2 s -> 1.8 s over a 20 s step
+    passing = summarize_step(records, parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0, offered_rps=10.0,
+                             window_s=20.0)
+    assert passing.passed, "without the sustainability check the step passes"
+    growing = summarize_step(records, parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0, offered_rps=10.0,
+                             window_s=20.0, horizon_s=60.0)
+    assert not growing.passed and growing.metrics["overloaded"] == 1.0
+    assert growing.metrics["ttft_growth"] == pytest.approx(0.08, rel=0.15)
+    assert growing.metrics["slo_headroom"] < 1.0
+
+
+def test_a_steady_server_is_sustainable() -> None:
+    steady = summarize_step(_queueing(0.0), parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0,
+                            offered_rps=10.0, window_s=20.0, horizon_s=60.0)
+    assert steady.passed and steady.metrics["overloaded"] == 0.0
+
+
+def test_slight_growth_that_stays_within_the_bound_over_the_horizon_is_sustainable() -> None:
+    growth = overload(_queueing(0.005), window_s=20.0, horizon_s=60.0)
+    assert growth is not None and growth.projected_s < 3.0
+    assert summarize_step(_queueing(0.005), parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0,
+                          offered_rps=10.0, window_s=20.0, horizon_s=60.0).passed
+
+
+def test_overload_needs_a_few_seconds_of_window() -> None:
+    assert overload(_queueing(0.5, n=10), window_s=1.0, horizon_s=60.0) is None
+
+
+def test_arrival_rate_is_measured_from_the_actual_sends() -> None:
+    on_time = [record(sent=i / 10) for i in range(50)]
+    late = [record(sent=i / 10 + (0.002 * i), lag=0.002 * i) for i in range(50)]  # the client falls behind
+    assert summarize(on_time, window_s=5.0).metrics["arrival_rps"] == pytest.approx(10.0)
+    assert summarize(late, window_s=5.0).metrics["arrival_rps"] == pytest.approx(50 / (5.0 + 0.098))
+
+
+# --- trial_metrics ---------------------------------------------------------------------------------
 
 
 def test_before_any_step_everything_is_penalty_and_censored() -> None:
-    assert ladder([]) == {
+    assert trial([]) == {
         "capacity_rps": 0.0,
         "capacity_rps_per_accel": 0.0,
+        "capacity_lo_rps_per_accel": 0.0,
         "capacity_censored": 1.0,
+        "capacity_inconsistent": 0.0,
         "ref_ttft_p95_s": 60.0,
         "ref_tpot_p95_s": 60.0,
         "ref_e2e_p95_s": 60.0,
     }
 
 
-def test_capacity_is_the_highest_passed_step_per_accelerator() -> None:
-    m = ladder([step(2, True, 8.0), step(0, True, 2.0), step(1, True, 4.0)], ref=[record()])
+def test_capacity_is_the_highest_measured_pass_per_accelerator_while_censored() -> None:
+    m = trial([step(3, True, 8.0), step(1, True, 2.0), step(2, True, 4.0)], ref=[record()])
     assert m["capacity_rps"] == 8.0
     assert m["capacity_rps_per_accel"] == 4.0
-    assert m["capacity_censored"] == 1.0
+    assert m["capacity_censored"] == 1.0 and "capacity_hi_rps_per_accel" not in m
 
 
-def test_a_failed_step_ends_censoring() -> None:
-    m = ladder([step(0, True, 2.0), step(1, True, 4.0), step(2, False, 8.0)], ref=[record()])
+def test_a_failed_step_ends_censoring_and_closes_the_bracket() -> None:
+    m = trial([step(1, True, 2.0), step(2, True, 4.0), step(3, False, 8.0)], ref=[record()])
     assert m["capacity_rps"] == 4.0
+    assert (m["capacity_lo_rps_per_accel"], m["capacity_hi_rps_per_accel"]) == (2.0, 4.0)
     assert m["capacity_censored"] == 0.0
 
 
-def test_passing_the_whole_ladder_is_not_censored() -> None:
-    steps = [step(i, True, 2.0 * (i + 1)) for i in range(4)]
-    m = ladder(steps, ref=[record()])
-    assert m["capacity_rps"] == 8.0
-    assert m["capacity_censored"] == 0.0
+def test_capacity_is_the_measured_arrival_rate_not_the_nominal_load() -> None:
+    measured = StepSummary(1, 1.0, 10.0, True, {"arrival_rps": 9.5})
+    assert trial([measured], num_accelerators=1)["capacity_rps_per_accel"] == 9.5
 
 
 def test_no_passed_step_means_zero_capacity_and_penalty_refs() -> None:
-    m = ladder([step(0, False, 2.0)])
+    m = trial([step(1, False, 2.0)])
     assert (m["capacity_rps"], m["capacity_rps_per_accel"], m["capacity_censored"]) == (0.0, 0.0, 0.0)
     assert m["ref_ttft_p95_s"] == m["ref_tpot_p95_s"] == m["ref_e2e_p95_s"] == 60.0
 
@@ -430,7 +502,7 @@ def test_no_passed_step_means_zero_capacity_and_penalty_refs() -> None:
 def test_ref_values_are_p95_of_counted_reference_requests() -> None:
     ref = [record(ttft=0.1 * i, e2e=1.0 * i, out=11) for i in range(1, 21)]
     ref.append(record(ttft=50.0, e2e=55.0, warmup=True))
-    m = ladder([step(0, True, 1.0), step(1, True, 2.0)], ref=ref)
+    m = trial([step(1, True, 1.0), step(2, True, 2.0)], ref=ref)
     ttfts = [0.1 * i for i in range(1, 21)]
     e2es = [1.0 * i for i in range(1, 21)]
     assert m["ref_ttft_p95_s"] == pytest.approx(float(np.percentile(ttfts, 95)))
@@ -442,7 +514,7 @@ def test_ref_values_are_p95_of_counted_reference_requests() -> None:
 
 def test_failed_reference_requests_count_as_the_penalty() -> None:
     ref = [record(ttft=1.0, e2e=2.0, out=2)] * 19 + [record(ok=False, out=2)]
-    m = ladder([step(1, True, 2.0)], ref=ref, penalty_latency_s=30.0)
+    m = trial([step(1, True, 2.0)], ref=ref, penalty_latency_s=30.0)
     assert m["ref_ttft_p95_s"] == pytest.approx(float(np.percentile([1.0] * 19 + [30.0], 95)))
     assert m["ref_tpot_p95_s"] == pytest.approx(float(np.percentile([1.0] * 19 + [30.0], 95)))
     assert m["ref_e2e_p95_s"] == pytest.approx(float(np.percentile([2.0] * 19 + [30.0], 95)))
@@ -450,47 +522,32 @@ def test_failed_reference_requests_count_as_the_penalty() -> None:
 
 def test_ref_tpot_without_multi_token_requests_is_the_penalty() -> None:
     ref = [record(ttft=0.2, e2e=0.2, out=1)] * 5 + [record(ok=False, out=1)]
-    m = ladder([step(1, False, 2.0)], ref=ref, penalty_latency_s=30.0)
+    m = trial([step(1, False, 2.0)], ref=ref, penalty_latency_s=30.0)
     assert m["ref_tpot_p95_s"] == 30.0
     assert m["ref_ttft_p95_s"] == pytest.approx(float(np.percentile([0.2] * 5 + [30.0], 95)))
 
 
 def test_ref_values_never_exceed_the_penalty() -> None:
-    m = ladder([step(1, False, 2.0)], ref=[record(ttft=100.0, e2e=200.0, out=2)], penalty_latency_s=30.0)
+    m = trial([step(1, False, 2.0)], ref=[record(ttft=100.0, e2e=200.0, out=2)], penalty_latency_s=30.0)
     assert m["ref_ttft_p95_s"] == m["ref_tpot_p95_s"] == m["ref_e2e_p95_s"] == 30.0
 
 
 def test_all_warmup_reference_gives_penalty() -> None:
-    m = ladder([step(1, True, 2.0)], ref=[record(warmup=True)], penalty_latency_s=30.0)
+    m = trial([step(1, True, 2.0)], ref=[record(warmup=True)], penalty_latency_s=30.0)
     assert m["ref_ttft_p95_s"] == 30.0
-
-
-def test_ref_values_are_carried_forward_unchanged() -> None:
-    ref = [record(ttft=0.1 * i, e2e=1.0 + i) for i in range(10)]
-    after_ref = ladder([step(0, True, 1.0), step(1, True, 2.0)], ref=ref)
-    later = ladder([step(0, True, 1.0), step(1, True, 2.0), step(2, True, 4.0), step(3, False, 8.0)], ref=ref)
-    assert {k: v for k, v in later.items() if k.startswith("ref_")} == {
-        k: v for k, v in after_ref.items() if k.startswith("ref_")
-    }
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"num_accelerators": 0}, "num_accelerators and ladder_len must be >= 1"),
-        ({"ladder_len": 0}, "num_accelerators and ladder_len must be >= 1"),
+        ({"num_accelerators": 0}, "num_accelerators must be >= 1"),
         ({"penalty_latency_s": 0.0}, "penalty_latency_s must be positive and finite"),
         ({"penalty_latency_s": INF}, "penalty_latency_s must be positive and finite"),
     ],
 )
-def test_ladder_rejects_bad_arguments(overrides: dict[str, Any], message: str) -> None:
+def test_trial_metrics_reject_bad_arguments(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ladder([step(0, True, 1.0)], **overrides)
-
-
-def test_ladder_rejects_ref_records_without_the_reference_step() -> None:
-    with pytest.raises(ValueError, match="no step has the reference load_step 1"):
-        ladder([step(0, True, 1.0)], ref=[record()])
+        trial([step(1, True, 1.0)], **overrides)
 
 
 @given(
@@ -498,13 +555,11 @@ def test_ladder_rejects_ref_records_without_the_reference_step() -> None:
     st.one_of(st.none(), st.lists(_records, max_size=20)),
     st.floats(min_value=1e-3, max_value=100),
 )
-def test_ladder_values_are_finite_and_within_penalty(
+def test_trial_values_are_finite_and_within_penalty(
     passes: list[bool], ref: list[RequestRecord] | None, penalty: float
 ) -> None:
-    steps = [step(i, p, 2.0 * (i + 1)) for i, p in enumerate(passes)]
-    if ref is not None and len(steps) < 2:
-        ref = None
-    m = ladder(steps, ref=ref, ladder_len=6, penalty_latency_s=penalty)
+    steps = [step(i + 1, p, 2.0 * (i + 1)) for i, p in enumerate(passes)]
+    m = trial(steps, ref=ref, penalty_latency_s=penalty)
     assert all(math.isfinite(v) for v in m.values())
     assert all(0 <= m[f"ref_{x}_p95_s"] <= penalty for x in ("ttft", "tpot", "e2e"))
-    assert m["capacity_censored"] == float(all(passes) and len(passes) < 6)
+    assert m["capacity_censored"] == float(all(passes))

@@ -8,7 +8,8 @@ import pytest
 from stand_in import StandInEngine
 
 from trainables.pool import EnginePool
-from trainables.replay import PlannedRequest, replay_step
+from trainables.replay import replay_step
+from tuner.records import PlannedRequest
 
 
 def _plan(n: int, gap_s: float, prompt: int = 8, output: int = 4, warmup: int = 0) -> list[PlannedRequest]:

@@ -64,7 +64,7 @@ def test_gain_when_the_baseline_passed_nothing_or_is_the_winner(tmp_path: Path) 
     uri = build_store(
         tmp_path, "weak-base", [trial("b", "completed", [3.0]), trial("w", "completed", [0.1, 0.2, 3.0])]
     )
-    assert "passed no load step" in gain_lines(summarize(load_search(client_for(uri), "weak-base")))[0]
+    assert "fails the SLO at every load tried" in gain_lines(summarize(load_search(client_for(uri), "weak-base")))[0]
     uri = build_store(
         tmp_path, "best-base", [trial("b", "completed", [0.1, 0.2, 0.3]), trial("w", "completed", [3.0])]
     )

@@ -108,7 +108,14 @@ def test_default_config_loads_and_overrides_apply():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("ladder: {factors: [1.0, 2.0], reference_factor: 1.5}\n", "ladder: reference_factor 1.5 is not one of"),
+    ("ladder: {factors: [1.0, 2.0], reference_factor: 1.0}\n",
+     "ladder: the fixed load ladder was replaced by a capacity search per trial; write a `capacity:` section"),
+    ("faults: [{kind: kill, step: 2}]\n", "faults.0.step: faults are keyed to a load now"),
+    ("capacity: {start_factor: 0.3}\n", "start_factor must be 1 or growth^-k so that the climb measures the "
+                                          "reference load (1x), but got 0.3 with growth 2.0 (try 0.25)"),
+    ("capacity: {min_factor: 2}\n", "`min_factor <= start_factor <= max_factor` must hold"),
+    ("capacity: {measured_requests: 50}\n", "capacity.measured_requests: 50 requests per step leave fewer than "
+                                              "tail_requests=10 above the SLO's highest percentile (that needs 200)"),
     ("budget: {num_sample: 3}\n", "budget.num_sample: unknown field"),
     ("slo: 'ttft:p95<5x'\n", "slo"),
     ("- just a list\n", "expected a mapping"),
@@ -130,11 +137,19 @@ def test_missing_config_file(tmp_path):
 def test_asha_first_rung_defaults_to_twice_the_reference_load():
     from tuner.search import asha_grace_period
 
-    config = load_config()  # ladder 0.5x ... 3x, reference 1x
-    assert config.ladder.factors[asha_grace_period(config) - 1] == 2.0
+    config = load_config()  # climb 1x, 2x, 4x, ...
+    assert config.capacity.plan().climb_factors()[asha_grace_period(config) - 1] == 2.0
+    below = load_config(overrides={"capacity.start_factor": 0.25, "capacity.min_factor": 0.25})
+    assert below.capacity.plan().climb_factors()[asha_grace_period(below) - 1] == 2.0
     assert asha_grace_period(load_config(overrides={"asha.grace_period": 2})) == 2
-    short = load_config(overrides={"ladder.factors": [0.5, 1.0, 1.5]})
-    assert asha_grace_period(short) == 3, "no step at 2x: the last step, where ASHA stops nothing"
+    short = load_config(overrides={"capacity.max_factor": 1.5, "capacity.growth": 1.5})
+    assert asha_grace_period(short) == 2, "no climb step at 2x: the last one, where ASHA stops nothing"
+
+
+def test_measured_requests_are_sized_from_the_slos_highest_percentile():
+    assert load_config(overrides={"capacity.tail_requests": 10}).measured_requests() == 200
+    assert load_config(overrides={"capacity.tail_requests": 10, "slo": "ttft:p99<2s"}).measured_requests() == 1000
+    assert load_config(overrides={"capacity.measured_requests": 300}).measured_requests() == 300
 
 
 def test_the_sampler_is_optunas_gp_with_few_start_up_trials():

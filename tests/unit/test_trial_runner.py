@@ -1,25 +1,35 @@
-"""The ladder logic of one trial, over the stand-in engine: climb until a step fails, report, clean up."""
+"""One trial over the stand-in engine: the capacity search (climb, refine, censor), reporting, clean-up."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 
-from stand_in import StandInEngine
+import numpy as np
+import pytest
+from stand_in import JumpEngine, StandInEngine
 
 from trainables.pool import EnginePool, HealthPolicy
 from trainables.trial import Fault, TrialContext, TrialRunner, engine_spec, kv_cache_bytes
+from tuner.capacity import CapacityPlan
 from tuner.errors import EngineError
+from tuner.sampling import sample_step
 from tuner.workload.records import Request, Workload
 
 WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=32, output_tokens=8) for i in range(20)),
                     {"source": "test"})
+SAMPLE = sample_step(WORKLOAD, measured=20, warmup=2, windows=2, seed=0)
+
+
+# Two climb steps at 1x and 1.5x of 10 rps per replica (22 requests: 1.1 s, then 0.73 s with 2 replicas).
+PLAN_1S = CapacityPlan(start_factor=1.0, growth=1.5, max_factor=1.5, min_factor=1.0, resolution=0.5)
 
 
 def _context(**overrides) -> TrialContext:
-    values = dict(model="/nonexistent", workload=WORKLOAD, reference_rps=10.0,
-                  load_factors=(0.5, 1.0, 4.0, 40.0), slo="ttft:p95<200ms; tpot:p95<20ms",
-                  step_duration_s=1.0, warmup_s=0.2, deadline_s=1.0, penalty_latency_s=30.0)
+    values = dict(model="/nonexistent", sample=SAMPLE, reference_rps=10.0,
+                  plan=CapacityPlan(start_factor=0.5, growth=4.0, max_factor=32.0, min_factor=0.5, resolution=0.5),
+                  slo="ttft:p95<200ms; tpot:p95<20ms", deadline_s=1.0, penalty_latency_s=30.0,
+                  sustain_horizon_s=None)
     values.update(overrides)
     return TrialContext(**values)
 
@@ -45,31 +55,81 @@ def _run_all(runner: TrialRunner) -> list[dict]:
         runner.close()
 
 
-def test_a_trial_climbs_until_a_step_fails_and_carries_reference_latency():
-    engines = [StandInEngine(tokens_per_s=3000, max_batch=4)]
-    runner = TrialRunner(_context(), {"max_num_seqs": 4}, _factory(engines))
+def test_a_trial_climbs_until_a_step_fails_then_refines_and_carries_reference_latency():
+    engines = [StandInEngine(tokens_per_s=600, max_batch=4)]
+    runner = TrialRunner(_context(reference_rps=40.0), {"max_num_seqs": 4}, _factory(engines))
     results = _run_all(runner)
     assert [r["load_step"] for r in results] == list(range(1, len(results) + 1))
+    phases = [r["phase"] for r in results]
+    climb = phases.index("refine") if "refine" in phases else len(phases)
+    assert [r["load_factor"] for r in results[:climb]] == [0.5, 2.0, 8.0, 32.0][:climb]
     assert results[-1]["trial_status"] == "completed"
-    assert results[-1]["slo_pass"] == 0.0, "the 40x step must overload the stand-in"
-    assert results[-1]["status_reason"].startswith(f"failed step {len(results)}")
-    passed = [r for r in results if r["slo_pass"]]
-    assert results[-1]["capacity_rps"] == passed[-1]["offered_rps"]
-    assert results[-1]["capacity_censored"] == 0.0
-    # Reference latency: penalty before the 1.0x step, measured from it on, then carried forward.
-    assert results[0]["ref_ttft_p95_s"] == 30.0
-    assert results[1]["ref_ttft_p95_s"] < 1.0
-    assert all(r["ref_ttft_p95_s"] == results[1]["ref_ttft_p95_s"] for r in results[1:])
+    assert any(not r["slo_pass"] for r in results), "the stand-in must break below 32x"
+    final = results[-1]
+    passes = [r["arrival_rps"] for r in results if r["slo_pass"]]
+    fails = [r["arrival_rps"] for r in results if not r["slo_pass"]]
+    assert final["capacity_rps"] == max(p for p in passes if p < min(fails))
+    assert final["capacity_hi_rps_per_accel"] == min(fails)
+    assert final["capacity_hi_rps_per_accel"] <= final["capacity_rps"] * 1.5 * 1.01, "refined to the resolution"
+    assert final["capacity_censored"] == 0.0
+    assert final["status_reason"].startswith("capacity ") and "lowest failing step" in final["status_reason"]
+    # Every step replays the same requests at its own rate, and says how many it counted.
+    assert all(r["measured_requests"] == 20.0 for r in results)
+    assert all(abs(r["arrival_rps"] / r["offered_rps"] - 1) < 0.05 for r in results)
+    # Reference latency: penalty before the 1.0x step (not on this climb: 0.5x, 2x, ...), so penalty here.
+    assert all(r["ref_ttft_p95_s"] == 30.0 for r in results)
     assert engines[0].prefix_resets == len(results), "each step starts from an empty prefix cache"
     assert engines[0].shut_down
 
 
+def test_the_reference_step_gives_the_reference_latencies_carried_forward():
+    engines = [StandInEngine(tokens_per_s=3000, max_batch=4)]
+    plan = CapacityPlan(start_factor=0.5, growth=2.0, max_factor=4.0, min_factor=0.5, resolution=0.5)
+    results = _run_all(TrialRunner(_context(plan=plan, reference_rps=40.0), {}, _factory(engines)))
+    assert results[0]["ref_ttft_p95_s"] == 30.0 and results[1]["load_factor"] == 1.0
+    assert results[1]["ref_ttft_p95_s"] < 1.0
+    assert all(r["ref_ttft_p95_s"] == results[1]["ref_ttft_p95_s"] for r in results[1:])
+
+
+def test_a_config_that_passes_the_maximum_is_censored_and_says_so():
+    engines = [StandInEngine(tokens_per_s=1e6, max_batch=1000, prefill_tokens_per_s=1e9)]
+    plan = CapacityPlan(start_factor=1.0, growth=2.0, max_factor=4.0, min_factor=1.0)
+    results = _run_all(TrialRunner(_context(plan=plan, slo="ttft:p95<2s", reference_rps=40.0), {},
+                                   _factory(engines)))
+    assert [r["load_factor"] for r in results] == [1.0, 2.0, 4.0]
+    assert results[-1]["capacity_censored"] == 1.0 and "capacity_hi_rps_per_accel" not in results[-1]
+    assert results[-1]["status_reason"].startswith("capacity >= ")
+    assert "passed the capacity search's maximum load (4x)" in results[-1]["status_reason"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bracket_contains_a_noisy_jump(seed):
+    """End to end through replay and summaries: a stand-in whose latency jumps at a known rate, with
+    step-to-step noise; the bracket, widened by that noise, contains the jump (the planner's own test
+    shows >= 90% over 500 seeds; this shows the trial wires it up)."""
+    rng = np.random.default_rng(seed)
+    jump = float(rng.uniform(130, 600))
+    noise = 0.03
+    engines = [JumpEngine(jump, noise_cv=noise, seed=seed, tokens_per_s=1e6, max_batch=1000,
+                          prefill_tokens_per_s=1e9)]
+    workload = Workload(tuple(Request(arrival_s=i * 0.01, prompt_tokens=8, output_tokens=2) for i in range(50)),
+                        {"source": "even"})
+    context = _context(sample=sample_step(workload, measured=40, warmup=10, windows=1, seed=seed),
+                       reference_rps=100.0, slo="ttft:p95<300ms", deadline_s=2.0,
+                       plan=CapacityPlan(start_factor=1.0, growth=2.0, max_factor=16.0, resolution=0.1))
+    final = _run_all(TrialRunner(context, {}, _factory(engines)))[-1]
+    low, high = final["capacity_rps_per_accel"], final.get("capacity_hi_rps_per_accel", np.inf)
+    assert low * np.exp(-2 * noise) <= jump <= high * np.exp(2 * noise), (low, jump, high)
+
+
 def test_load_is_per_accelerator():
     engines = [StandInEngine(), StandInEngine()]
-    runner = TrialRunner(_context(load_factors=(1.0,)), {"num_replicas": 2}, _factory(engines))
+    plan = CapacityPlan(start_factor=1.0, max_factor=1.0, min_factor=1.0)
+    runner = TrialRunner(_context(plan=plan), {"num_replicas": 2}, _factory(engines))
     result = _run_all(runner)[0]
     assert result["offered_rps"] == 20.0 and result["num_accelerators"] == 2.0
-    assert result["capacity_rps_per_accel"] in (0.0, 10.0)
+    assert result["arrival_rps"] == pytest.approx(20.0, rel=0.05)
+    assert result["capacity_rps_per_accel"] in (0.0, pytest.approx(result["arrival_rps"] / 2))
     assert engines[0].requests and engines[1].requests
 
 
@@ -102,8 +162,7 @@ def test_engine_spec_maps_memory_fraction_onto_kv_bytes_on_cpu():
 
 def test_a_trial_over_its_time_limit_is_infeasible_and_still_cleaned_up():
     engines = [StandInEngine(tokens_per_s=3000)]
-    runner = TrialRunner(_context(load_factors=(1.0, 4.0, 40.0), step_duration_s=1.0, trial_timeout_s=1.5),
-                         {}, _factory(engines))
+    runner = TrialRunner(_context(trial_timeout_s=1.5), {}, _factory(engines))
     results = _run_all(runner)
     assert results[-1]["trial_status"] == "infeasible"
     assert "exceeded the trial time limit of 1.5s" in results[-1]["status_reason"]
@@ -134,8 +193,8 @@ def _healing_factory(engines, *, kill_at_s: float | None = None, victim: int = 1
 
 def test_a_replica_that_crashes_on_its_own_makes_the_trial_infeasible_with_the_reason():
     engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
-    make = _healing_factory(engines, kill_at_s=1.5)  # during step 2 (steps of 1 s)
-    runner = TrialRunner(_context(slo="e2e:p99<5s"), {"max_num_seqs": 8, "num_replicas": 2}, make)
+    make = _healing_factory(engines, kill_at_s=1.5)  # during step 2 (1.1 s, then 0.73 s of sends)
+    runner = TrialRunner(_context(slo="e2e:p99<5s", plan=PLAN_1S), {"max_num_seqs": 8, "num_replicas": 2}, make)
     results = _run_all(runner)
     assert [r["trial_status"] for r in results] == ["running", "infeasible"]
     reason = results[-1]["status_reason"]
@@ -146,7 +205,8 @@ def test_a_replica_that_crashes_on_its_own_makes_the_trial_infeasible_with_the_r
 
 def test_an_injected_kill_does_not_make_the_trial_infeasible():
     engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
-    context = _context(slo="e2e:p99<5s", faults=(Fault("kill", step=2, at_fraction=0.3, replica=1),))
+    context = _context(slo="e2e:p99<5s", plan=PLAN_1S,
+                       faults=(Fault("kill", at_load=1.5, at_fraction=0.3, replica=1),))
     results = _run_all(TrialRunner(context, {"max_num_seqs": 8, "num_replicas": 2}, _healing_factory(engines)))
     assert results[-1]["trial_status"] == "completed", results[-1]["status_reason"]
     assert results[1]["replica_failures"] == 1.0 and results[1]["false_alarms"] == 0.0
@@ -156,6 +216,7 @@ def test_a_crash_the_monitor_has_not_declared_yet_still_ends_the_trial():
     # Threshold far beyond the step: only the failed requests show the death when the step ends.
     engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
     make = _healing_factory(engines, kill_at_s=1.5, policy=HealthPolicy(0.05, 0.2, 10_000))
-    results = _run_all(TrialRunner(_context(slo="e2e:p99<5s"), {"max_num_seqs": 8, "num_replicas": 2}, make))
+    results = _run_all(TrialRunner(_context(slo="e2e:p99<5s", plan=PLAN_1S), {"max_num_seqs": 8, "num_replicas": 2},
+                                   make))
     assert results[-1]["trial_status"] == "infeasible" and results[-1]["replica_failures"] == 0.0
     assert results[-1]["status_reason"].startswith("replica 1 crashed during step 2"), results[-1]["status_reason"]

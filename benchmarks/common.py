@@ -1,0 +1,76 @@
+"""What the benchmarks share: the search's own trial code run outside Ray Tune, one trial at a time.
+
+Every benchmark measures through `TrialRunner` with real vLLM engines in Ray actors, exactly as a
+search does; only Tune's scheduling is left out.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainables.trial import TrialContext
+
+
+def start_local_ray() -> None:
+    from tuner.search import start_ray
+
+    start_ray(None)
+
+
+def stop_ray() -> None:
+    import ray
+
+    ray.shutdown()
+
+
+def run_trial(context: TrialContext, params: dict[str, Any], trial_id: str,
+              on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """One trial of `params` on a fresh pool (Ray must be running): every step's result, timings, outcome."""
+    from trainables.pool import start_ray_pool
+    from trainables.trial import TrialRunner
+
+    async def factory(spec, replicas, health):
+        return await start_ray_pool(spec, replicas, placement_group=None, first_bundle=0,
+                                    start_timeout_s=context.start_timeout_s, health=health, replace=True)
+
+    runner = TrialRunner(context, params, factory, trial_id=trial_id)
+    began = time.perf_counter()
+    steps: list[dict[str, Any]] = []
+    try:
+        runner.start()
+        while True:
+            result = runner.next_step()
+            result["t_end_s"] = round(time.perf_counter() - began, 3)
+            steps.append({k: v for k, v in result.items() if k != "done"})
+            if on_step is not None:
+                on_step(result)
+            if result["done"]:
+                break
+    finally:
+        closing = time.perf_counter()
+        runner.close()
+        teardown_s = time.perf_counter() - closing
+    last = steps[-1]
+    return {"params": params, "start_s": round(runner.start_s, 3), "steps": steps,
+            "teardown_s": round(teardown_s, 3), "wall_s": round(time.perf_counter() - began, 3),
+            "status": last["trial_status"], "status_reason": last["status_reason"],
+            **{k: last[k] for k in ("capacity_rps_per_accel", "capacity_lo_rps_per_accel", "capacity_censored",
+                                    "capacity_inconsistent") if k in last},
+            "capacity_hi_rps_per_accel": last.get("capacity_hi_rps_per_accel")}
+
+
+def step_line(result: dict[str, Any]) -> str:
+    """One progress line per step, as the search prints them."""
+    verdict = "pass" if result.get("slo_pass") else "FAIL"
+    return (f"  step {int(result['load_step'])} {result.get('phase', '')} {result['load_factor']:.3g}x "
+            f"{result['arrival_rps']:.2f} rps: {verdict} headroom {result['slo_headroom']:.2f} ttft p95 "
+            f"{result.get('ttft_p95_s', float('nan')):.3f}s tpot p95 {result.get('tpot_p95_s', float('nan')):.4f}s "
+            f"growth {result.get('ttft_growth', float('nan')):.3f} wall {result['step_wall_s']:.1f}s")
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
