@@ -4,8 +4,8 @@
 
 One single-replica config, the bundled workload at its recorded times (300 requests, 56 s), 3 repeats
 on each side:
-- the tool: the trial code a search runs (a vLLM engine in a Ray actor, the replay client), three
-  ladder steps at 1.0x, each a whole pass of the trace;
+- the tool: the trial code a search runs (a vLLM engine in a Ray actor, the replay client), one step
+  at 1.0x replaying the whole trace at its recorded times, a fresh engine per repeat;
 - vLLM: `vllm-serve.yaml` written by the exporter for the same config, served by vLLM's OpenAI server,
   and `vllm bench serve --dataset-name timed_trace --self-timed` (vLLM's own code) replaying the same
   trace written as timed_trace JSONL (one 16-token hash id per chunk, none shared, as the workload has
@@ -18,29 +18,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import peer  # noqa: E402
 
 OUT = ROOT / "reports" / "benchmarks"
 CONFIG = ROOT / "examples" / "default.yaml"
 PARAMS = {"max_num_seqs": 16, "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.9,
           "enable_chunked_prefill": True, "enable_prefix_caching": True}
-CHUNK = 16  # vLLM's default --timed-trace-chunk-hash-size
-ENGINE_CORE = 0  # the core the tool's first replica claims; the server's engine gets the same one
 # (tool metric, bench metric, scale to seconds) compared side by side
 PAIRS = [("request_rate_rps", "request_throughput", 1.0), ("output_tok_s", "output_throughput", 1.0),
          *[(f"ttft_{s}_s", f"{b}_ttft_ms", 1e-3) for s, b in
@@ -65,28 +60,33 @@ def tool_side(prepared, repeats: int) -> list[dict[str, float]]:
 
     from trainables.pool import start_ray_pool
     from trainables.trial import TrialRunner
+    from tuner.capacity import CapacityPlan
+    from tuner.sampling import whole_trace
     from tuner.search import start_ray, trial_context
 
     workload = prepared.workload
     context = dataclasses.replace(
-        trial_context(prepared), load_factors=(1.0,) * repeats, reference_factor=1.0,
-        step_duration_s=workload.duration_s + 1e-3, warmup_s=0.0, deadline_s=120.0,
-        slo="e2e:p99<600s", trial_timeout_s=None)
+        trial_context(prepared), sample=whole_trace(workload), reference_rps=workload.mean_rate_rps,
+        plan=CapacityPlan(start_factor=1.0, max_factor=1.0, min_factor=1.0), deadline_s=120.0,
+        sustain_horizon_s=None, slo="e2e:p99<600s", trial_timeout_s=None)
     start_ray(None)
 
     async def factory(spec, replicas, health):
         return await start_ray_pool(spec, replicas, placement_group=None, first_bundle=0,
                                     start_timeout_s=context.start_timeout_s, health=health)
 
-    runner = TrialRunner(context, PARAMS, factory, trial_id="fidelity")
     runs = []
     try:
-        runner.start()
-        if runner.failure:
-            raise SystemExit(f"the tool's engine did not start: {runner.failure}")
         for repeat in range(repeats):
-            result = runner.next_step()
-            records = runner.last_records
+            runner = TrialRunner(context, PARAMS, factory, trial_id=f"fidelity{repeat}")
+            try:
+                runner.start()
+                if runner.failure:
+                    raise SystemExit(f"the tool's engine did not start: {runner.failure}")
+                result = runner.next_step()
+                records = runner.last_records
+            finally:
+                runner.close()
             completed = [r for r in records if r.ok]
             span = max(r.finished_s for r in completed)  # from the step's start, as bench serve counts
             run = {k: float(result[k]) for k, _, _ in PAIRS if k in result}
@@ -98,7 +98,6 @@ def tool_side(prepared, repeats: int) -> list[dict[str, float]]:
             runs.append(run)
             print(f"tool run {repeat + 1}: {_brief(run)}", flush=True)
     finally:
-        runner.close()
         ray.shutdown()
     return runs
 
@@ -106,58 +105,29 @@ def tool_side(prepared, repeats: int) -> list[dict[str, float]]:
 # ----------------------------------------------------------------------------------------------- vLLM
 
 
-def timed_trace(workload, path: Path) -> None:
-    """The workload as vLLM's timed_trace JSONL: seconds, lengths, one unshared hash id per 16 tokens."""
-    base, next_id = workload.requests[0].arrival_s, 0
-    with path.open("w") as out:
-        for request in workload.requests:
-            count = math.ceil(request.prompt_tokens / CHUNK)
-            out.write(json.dumps({"timestamp": round(request.arrival_s - base, 6),
-                                  "input_length": request.prompt_tokens,
-                                  "output_length": request.output_tokens,
-                                  "hash_ids": list(range(next_id, next_id + count))}) + "\n")
-            next_id += count
-
-
-def serve_yaml(prepared, port: int) -> str:
-    """vllm-serve.yaml exactly as `tuner export` writes it for this config."""
-    from tuner.export import ExportOptions, deployment_for, render_vllm_serve
-
-    config = prepared.config
-    record = SimpleNamespace(max_model_len=config.model.max_model_len, engine_args=config.model.engine_args,
-                             device="cpu", kv_budget_mib=config.hardware.kv_budget_mib,
-                             model=prepared.model_path, experiment="fidelity",
-                             cpu_cores_per_replica=config.hardware.cpu_cores_per_replica)
-    deployment = deployment_for(record, SimpleNamespace(params=PARAMS), ExportOptions(port=port))
-    return render_vllm_serve(deployment, ["written by benchmarks/fidelity.py"])
-
-
 def vllm_side(prepared, repeats: int, work: Path) -> tuple[list[dict[str, float]], str]:
-    trace = work / "trace.jsonl"
-    timed_trace(prepared.workload, trace)
-    port = _free_port()
-    config = work / "vllm-serve.yaml"
-    config.write_text(serve_yaml(prepared, port))
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CORE),
-           "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
-    log = (work / "server.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    from tuner.sampling import whole_trace
+
+    port = peer.free_port()
+    serve_config = peer.serve_yaml(prepared, PARAMS, port, "written by benchmarks/fidelity.py")
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
     runs = []
-    try:
-        _wait_ready(port, server, work / "server.log")
+    with peer.vllm_server(serve_config, work, port):
         for repeat in range(repeats):
+            # Fresh prompt ids per repeat: a second replay of the same ids would hit the prefix cache.
+            trace = work / f"trace-{repeat}.jsonl"
+            peer.write_timed_trace(whole_trace(prepared.workload), prepared.workload.mean_rate_rps, trace,
+                                   step=repeat)
             name = f"bench-{repeat + 1}.json"
             command = [sys.executable, str(Path(__file__).resolve()), "_bench",
                        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--endpoint",
-                       "/v1/completions", "--model", "fidelity", "--tokenizer", prepared.model_path,
+                       "/v1/completions", "--model", "peer", "--tokenizer", prepared.model_path,
                        "--dataset-name", "timed_trace", "--dataset-path", str(trace), "--self-timed",
                        "--num-prompts", str(len(prepared.workload.requests)), "--temperature", "0",
                        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
                        "--save-result", "--result-dir", str(work), "--result-filename", name, "--disable-tqdm",
                        "--seed", str(repeat + 1)]
-            done = subprocess.run(command, env={**env, "VLLM_LOGGING_LEVEL": "ERROR"},
-                                  capture_output=True, text=True)
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"vllm bench serve failed: {done.stderr.strip().splitlines()[-1:]}")
             raw = json.loads((work / name).read_text())
@@ -166,43 +136,7 @@ def vllm_side(prepared, repeats: int, work: Path) -> tuple[list[dict[str, float]
                        duration_s=raw["duration"])
             runs.append(run)
             print(f"vllm bench run {repeat + 1}: {_brief(run)}", flush=True)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
-    return runs, config.read_text()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_ready(port: int, server: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the vLLM server exited: {log.read_text().strip().splitlines()[-1:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    raise SystemExit(f"the vLLM server did not answer /health within {timeout_s:.0f}s")
-
-
-def _bench(argv: list[str]) -> None:
-    """`vllm bench serve` itself (its console script cannot find vllm-cpu's package metadata)."""
-    from vllm.benchmarks.serve import add_cli_args, main
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    main(parser.parse_args(argv))
+    return runs, serve_config
 
 
 # -------------------------------------------------------------------------------------------- compare
@@ -262,7 +196,7 @@ def plot(rows: dict[str, Any]) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_bench":
-        _bench(sys.argv[2:])
+        peer._bench(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs on each side (default 3)")

@@ -138,6 +138,17 @@ def sample_step(workload: Workload, *, measured: int, warmup: int, windows: int,
     return StepSample(warm, tuple(runs), tuple(run_gaps), tuple(starts), measured, min_window_s, mean_gap)
 
 
+def whole_trace(workload: Workload) -> StepSample:
+    """The whole trace in order, no warm-up: at the workload's recorded rate its requests are sent at
+    their recorded times (for benchmarks that replay a trace as it was)."""
+    requests = workload.requests
+    arrivals = np.array([r.arrival_s for r in requests], dtype=float)
+    gaps = np.diff(arrivals)
+    mean_gap = float(gaps.mean()) if len(requests) > 1 and gaps.sum() > 0 else 1.0
+    return StepSample((), (tuple(requests),), (tuple(float(g) for g in gaps) + (mean_gap,),), (0,),
+                      len(requests), 0.0, mean_gap)
+
+
 def plan_step(sample: StepSample, *, rate_rps: float, step_seed: int, vocab_size: int) -> list[PlannedRequest]:
     """The requests of one step at mean rate `rate_rps` (see `StepSample.layout`), with exact-length
     token-id prompts whose shared prefixes follow the requests' prefix ids. Token ids depend on

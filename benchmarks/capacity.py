@@ -1,0 +1,346 @@
+"""Trustworthy capacity: is a trial's capacity repeatable, does the peer agree, and does bursty traffic
+get the load it is offered?
+
+    .venv/bin/python benchmarks/capacity.py repeatability   # the baseline 5 times, fresh engines: ~25 min
+    .venv/bin/python benchmarks/capacity.py fidelity        # two configs, tool vs vLLM bench serve: ~45 min
+    .venv/bin/python benchmarks/capacity.py bursty          # BurstGPT and a Gamma CV 4 trace: ~10 min
+
+- `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
+  a fresh engine each time, with the full measurement settings (`--settings full`: 200 measured requests
+  and 20 s per step, 10% resolution) or the embedded demo's (`--settings demo`), and reports the
+  coefficient of variation of the capacity.
+- `fidelity` measures two configs both ways, interleaved: the tool's trial (a vLLM engine in a Ray actor,
+  in-process `AsyncLLM`), and the peer: vLLM's OpenAI server started from the `vllm-serve.yaml` the
+  exporter writes for the same config, driven by `vllm bench serve --dataset-name timed_trace
+  --self-timed`, replaying the same step samples at the same rates, judged with the same SLO rule and
+  searched with the same capacity planner. Goal: brackets overlap and midpoints agree within 10%.
+  The server's own /metrics histograms (TTFT, end-to-end) separate server time from client time.
+- `bursty` runs one capacity search on the first 400 rows of BurstGPT (../shared/traces) and one on a
+  synthetic Gamma trace with burstiness CV 4, and checks every step offered the load it was asked for
+  (measured arrival rate within 5% of the target) with no empty step.
+
+Results go to reports/benchmarks/capacity.json (one section per command) and capacity.png. Measurements,
+not tests: run them on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import machine, run_trial, start_local_ray, step_line, stop_ray  # noqa: E402
+
+OUT = ROOT / "reports" / "benchmarks"
+RESULTS = OUT / "capacity.json"
+SHARED = ROOT.parent / "shared" / "traces"
+# The measurement settings a careful user runs (the README's "full settings"), and the demo's.
+FULL = {"capacity.tail_requests": 10, "capacity.min_window_s": 20, "capacity.resolution": 0.1,
+        "capacity.warmup_requests": 20, "capacity.deadline_s": 15}
+FIDELITY_CONFIGS = {
+    "vllm-defaults": None,  # the search's baseline, resolved by `prepare`
+    "small-batch": {"max_num_seqs": 16, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.9,
+                    "num_replicas": 1},
+}
+
+
+def _prepared(overrides: dict[str, Any] | None = None, config: Path | None = None):
+    from tuner.config import load_config
+    from tuner.search import prepare
+
+    return prepare(load_config(config, overrides or {}), device_has_gpu=False)
+
+
+def _settings(name: str) -> dict[str, Any]:
+    return dict(FULL) if name == "full" else {}
+
+
+def _save(section: str, payload: dict[str, Any]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results[section] = {**payload, "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    RESULTS.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(f"wrote {RESULTS} [{section}]", flush=True)
+
+
+def _trial_summary(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"capacity": entry.get("capacity_rps_per_accel"), "hi": entry.get("capacity_hi_rps_per_accel"),
+            "censored": entry.get("capacity_censored"), "steps": len(entry["steps"]), "wall_s": entry["wall_s"],
+            "start_s": entry["start_s"], "reason": entry["status_reason"],
+            "loads": [(round(s["load_factor"], 4), round(s["arrival_rps"], 3), bool(s["slo_pass"]),
+                       round(s["slo_headroom"], 3), round(s.get("ttft_growth", float("nan")), 4))
+                      for s in entry["steps"]]}
+
+
+# ------------------------------------------------------------------------------------ repeatability
+
+
+def repeatability(args: argparse.Namespace) -> None:
+    from tuner.search import trial_context
+
+    prepared = _prepared(_settings(args.settings))
+    context = trial_context(prepared)
+    params = dict(prepared.baseline)
+    print(f"baseline {params}, {args.repeats} repeats, settings {args.settings}", flush=True)
+    runs = []
+    start_local_ray()
+    try:
+        for repeat in range(args.repeats):
+            entry = run_trial(context, params, f"repeat{repeat}", on_step=lambda r: print(step_line(r), flush=True))
+            runs.append(_trial_summary(entry))
+            print(f"repeat {repeat + 1}: {entry['status_reason']} ({entry['wall_s']:.0f}s)", flush=True)
+    finally:
+        stop_ray()
+    capacities = [r["capacity"] for r in runs]
+    cv = statistics.stdev(capacities) / statistics.fmean(capacities) if len(capacities) > 1 else 0.0
+    his = [r["hi"] for r in runs if r["hi"]]
+    print(f"capacity {capacities}: mean {statistics.fmean(capacities):.2f}, CV {cv:.1%}", flush=True)
+    _save(f"repeatability_{args.settings}", {
+        "params": params, "settings": args.settings, "overrides": _settings(args.settings),
+        "plan": dataclasses.asdict(context.plan), "repeats": args.repeats, "capacities": capacities,
+        "mean": statistics.fmean(capacities), "cv": cv, "goal_cv": 0.05, "met": cv <= 0.05,
+        "bracket_width_mean": statistics.fmean(h / c - 1 for h, c in zip(his, capacities, strict=False) if c)
+        if his else None,
+        "mean_trial_wall_s": statistics.fmean(r["wall_s"] for r in runs), "runs": runs})
+
+
+# ----------------------------------------------------------------------------------------- fidelity
+
+
+def _server_metrics(url: str) -> dict[str, float]:
+    """Sums and counts of the server's own latency histograms (seconds)."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                 "vllm:request_queue_time_seconds"):
+        for part in ("sum", "count"):
+            values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}_{part}\{{[^}}]*\}} (\S+)$",
+                                                             text, re.MULTILINE)]
+            out[f"{name.split(':')[1]}_{part}"] = sum(values)
+    return out
+
+
+def peer_capacity(prepared, params: dict[str, Any], work: Path, *, seed: int) -> dict[str, Any]:
+    """The capacity search of `params` through vLLM's OpenAI server and `bench serve`."""
+    import peer
+
+    from tuner import capacity
+    from tuner.metrics import observations, summarize_step, trial_metrics
+    from tuner.search import trial_context
+    from tuner.slo import parse_slo
+
+    context = trial_context(prepared)
+    slo = parse_slo(context.slo)
+    port = peer.free_port()
+    steps, lines, server_side = [], [], []
+    began = time.perf_counter()
+    text = peer.serve_yaml(prepared, params, port, "written by benchmarks/capacity.py")
+    with peer.vllm_server(text, work, port) as url:
+        start_s = time.perf_counter() - began
+        while (chosen := capacity.next_step(context.plan, observations(steps, 1))) is not None:
+            factor, phase = chosen
+            number = len(steps) + 1
+            rate = factor * context.reference_rps
+            trace = work / f"step-{number}.jsonl"
+            offsets, warmup = peer.write_timed_trace(context.sample, rate, trace, step=number + 1000 * seed)
+            requests, _ = context.sample.layout(rate)
+            before = _server_metrics(url)
+            step_began = time.perf_counter()
+            raw = peer.bench(url, trace, len(offsets), model_path=prepared.model_path, served_name="peer",
+                             work=work, name=f"bench-{number}.json", seed=seed)
+            after = _server_metrics(url)
+            recs = peer.records(raw, offsets, warmup, [r.output_tokens for r in requests])
+            summary = summarize_step(recs, slo, load_step=number, load_factor=factor, offered_rps=rate,
+                                     window_s=context.sample.window_s(rate), horizon_s=context.sustain_horizon_s,
+                                     phase=phase)
+            steps.append(summary)
+            delta = {k: after[k] - before[k] for k in after}
+            server = {"server_ttft_mean_s": delta["time_to_first_token_seconds_sum"]
+                      / max(delta["time_to_first_token_seconds_count"], 1),
+                      "server_e2e_mean_s": delta["e2e_request_latency_seconds_sum"]
+                      / max(delta["e2e_request_latency_seconds_count"], 1)}
+            ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
+            e2es = [r.e2e_s for r in recs if r.e2e_s is not None]
+            server.update(client_ttft_mean_s=statistics.fmean(ttfts) if ttfts else None,
+                          client_e2e_mean_s=statistics.fmean(e2es) if e2es else None)
+            server_side.append(server)
+            result = {**summary.metrics, "phase": str(phase),
+                      "step_wall_s": round(time.perf_counter() - step_began, 2)}
+            lines.append(result)
+            print("  peer" + step_line(result)[1:] + f" | server ttft mean {server['server_ttft_mean_s']:.3f}s "
+                  f"client {server['client_ttft_mean_s'] or float('nan'):.3f}s", flush=True)
+    seen = observations(steps, 1)
+    found = capacity.bracket(seen)
+    carried = trial_metrics(steps, num_accelerators=1, penalty_latency_s=context.penalty_latency_s,
+                            ref_records=None)
+    return {"capacity": found.capacity, "hi": found.hi, "censored": found.censored,
+            "reason": capacity.describe(found, capacity.limit(context.plan, seen), context.plan,
+                                        reference_rps=context.reference_rps),
+            "steps": len(steps), "start_s": round(start_s, 2), "wall_s": round(time.perf_counter() - began, 2),
+            "capacity_metrics": carried,
+            "loads": [(round(s.load_factor, 4), round(s.arrival_rps, 3), s.passed,
+                       round(s.metrics["slo_headroom"], 3), round(s.metrics.get("ttft_growth", float("nan")), 4))
+                      for s in steps],
+            "server_side": server_side}
+
+
+def _midpoint(run: dict[str, Any]) -> float:
+    return (run["capacity"] * run["hi"]) ** 0.5 if run["hi"] else run["capacity"]
+
+
+def fidelity(args: argparse.Namespace) -> None:
+    from tuner.search import trial_context
+
+    prepared = _prepared(_settings(args.settings))
+    context = trial_context(prepared)
+    configs = {name: dict(params or prepared.baseline) for name, params in FIDELITY_CONFIGS.items()}
+    rows: dict[str, dict[str, Any]] = {name: {"params": p, "tool": [], "peer": []} for name, p in configs.items()}
+    with tempfile.TemporaryDirectory(prefix="vllm-tuner-capacity-") as tmp:
+        for repeat in range(args.repeats):
+            for name, params in configs.items():
+                # Interleaved: tool then peer for each config, so drift on the machine hits both sides.
+                print(f"[{repeat + 1}/{args.repeats}] {name}: tool", flush=True)
+                start_local_ray()
+                try:
+                    entry = run_trial(context, params, f"fid-{name}-{repeat}",
+                                      on_step=lambda r: print(step_line(r), flush=True))
+                finally:
+                    stop_ray()
+                rows[name]["tool"].append(_trial_summary(entry))
+                print(f"  tool: {entry['status_reason']}", flush=True)
+                time.sleep(5)  # let the engine processes exit before the peer's server starts
+                print(f"[{repeat + 1}/{args.repeats}] {name}: vLLM server + bench serve", flush=True)
+                run = peer_capacity(prepared, params, Path(tmp), seed=repeat + 1)
+                rows[name]["peer"].append(run)
+                print(f"  peer: {run['reason']}", flush=True)
+                time.sleep(5)
+    verdicts = {}
+    for name, row in rows.items():
+        tool_mid = statistics.fmean(_midpoint(r) for r in row["tool"])
+        peer_mid = statistics.fmean(_midpoint(r) for r in row["peer"])
+        tool_lo, tool_hi = min(r["capacity"] for r in row["tool"]), max(r["hi"] or r["capacity"] for r in row["tool"])
+        peer_lo, peer_hi = min(r["capacity"] for r in row["peer"]), max(r["hi"] or r["capacity"] for r in row["peer"])
+        overlap = tool_lo <= peer_hi and peer_lo <= tool_hi
+        verdicts[name] = {"tool_midpoint": tool_mid, "peer_midpoint": peer_mid, "ratio": tool_mid / peer_mid,
+                          "tool_range": [tool_lo, tool_hi], "peer_range": [peer_lo, peer_hi],
+                          "brackets_overlap": overlap, "midpoints_within_10pct": abs(tool_mid / peer_mid - 1) <= 0.10}
+        print(f"{name}: tool {tool_mid:.2f} [{tool_lo:.2f}-{tool_hi:.2f}], peer {peer_mid:.2f} "
+              f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}", flush=True)
+    _save(f"fidelity_{args.settings}", {"settings": args.settings, "overrides": _settings(args.settings),
+                                        "plan": dataclasses.asdict(context.plan), "slo": prepared.config.slo,
+                                        "repeats": args.repeats, "configs": rows, "verdicts": verdicts})
+    _plot_fidelity(rows)
+
+
+def _plot_fidelity(rows: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    y = 0
+    labels = []
+    for name, row in rows.items():
+        for side, color in (("tool", "tab:blue"), ("peer", "tab:orange")):
+            for run in row[side]:
+                hi = run["hi"] or run["capacity"]
+                ax.plot([run["capacity"], hi], [y, y], color=color, linewidth=4, solid_capstyle="butt")
+                y += 1
+                labels.append(f"{name} {side if side == 'tool' else 'vLLM server + bench'}")
+        y += 1
+        labels.append("")
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xlabel("capacity bracket: highest pass .. lowest failure (requests/s per accelerator)")
+    ax.set_title("Capacity measured by the tool and by vLLM's server + bench serve (same samples, SLO, planner)")
+    fig.tight_layout()
+    fig.savefig(OUT / "capacity.png", dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------- bursty
+
+
+def _gamma_trace(path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tuner.config import BUNDLED_WORKLOAD
+    from tuner.workload.cli import workload as cli  # the tool's own `workload synth`
+
+    result = CliRunner().invoke(cli, ["synth", "--from", str(BUNDLED_WORKLOAD), "--arrivals", "gamma", "--cv", "4",
+                                      "--rate", "5", "--count", "600", "--seed", "3", "--out", str(path)])
+    if result.exit_code != 0:
+        raise SystemExit(f"workload synth failed: {result.output}")
+
+
+def bursty(args: argparse.Namespace) -> None:
+    from tuner.search import trial_context
+
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="vllm-tuner-bursty-") as tmp:
+        gamma = Path(tmp) / "gamma-cv4.jsonl"
+        _gamma_trace(gamma)
+        traces = {
+            "burstgpt": {"workload.path": str(SHARED / "BurstGPT_1.first400.csv"), "workload.format": "burstgpt",
+                         "workload.transforms": {"target_rate_rps": 5.0, "max_model_len": 2048, "prompt_scale": 0.25,
+                                                 "output_scale": 0.25}},
+            "gamma_cv4": {"workload.path": str(gamma)},
+        }
+        start_local_ray()
+        try:
+            for name, overrides in traces.items():
+                prepared = _prepared(overrides)
+                context = trial_context(prepared)
+                entry = run_trial(context, dict(prepared.baseline), f"bursty-{name}",
+                                  on_step=lambda r: print(step_line(r), flush=True))
+                steps = entry["steps"]
+                errors = [abs(s["arrival_rps"] / s["offered_rps"] - 1) for s in steps]
+                rows[name] = {"trace": str(overrides["workload.path"]).replace(str(ROOT.parent), ".."),
+                              "reference_rps": prepared.reference_rps, "sample": prepared.sample.describe(),
+                              "steps": [{"load_factor": s["load_factor"], "offered_rps": s["offered_rps"],
+                                         "arrival_rps": s["arrival_rps"], "measured_requests": s["measured_requests"],
+                                         "slo_pass": s["slo_pass"]} for s in steps],
+                              "max_arrival_error": max(errors),
+                              "empty_steps": sum(1 for s in steps if s["measured_requests"] == 0),
+                              "met": max(errors) <= 0.05 and all(s["measured_requests"] > 0 for s in steps),
+                              "capacity": _trial_summary(entry)}
+                print(f"{name}: max |arrival/offered - 1| = {max(errors):.2%} over {len(steps)} steps; "
+                      f"{entry['status_reason']}", flush=True)
+        finally:
+            stop_ray()
+    _save("bursty", {"goal": "every step's arrival_rps within 5% of offered_rps, no empty step", "traces": rows})
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_bench":
+        import peer
+
+        peer._bench(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    rep = commands.add_parser("repeatability", help="the baseline's capacity, measured several times")
+    rep.add_argument("--repeats", type=int, default=5)
+    rep.add_argument("--settings", choices=("full", "demo"), default="full")
+    fid = commands.add_parser("fidelity", help="tool vs vLLM's server + bench serve, two configs")
+    fid.add_argument("--repeats", type=int, default=2)
+    fid.add_argument("--settings", choices=("full", "demo"), default="full")
+    commands.add_parser("bursty", help="bursty traces offer the load asked for")
+    args = parser.parse_args()
+    {"repeatability": repeatability, "fidelity": fidelity, "bursty": bursty}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
