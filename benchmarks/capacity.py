@@ -203,48 +203,57 @@ def _midpoint(run: dict[str, Any]) -> float:
 def fidelity(args: argparse.Namespace) -> None:
     from tuner.search import trial_context
 
+    servings = [s.strip() for s in args.servings.split(",") if s.strip()]
+    sides = [f"tool:{s}" for s in servings] + ["peer"]
     prepared = _prepared(_settings(args.settings))
-    context = trial_context(prepared)
     configs = {name: dict(params or prepared.baseline) for name, params in FIDELITY_CONFIGS.items()}
-    rows: dict[str, dict[str, Any]] = {name: {"params": p, "tool": [], "peer": []} for name, p in configs.items()}
+    rows: dict[str, dict[str, Any]] = {name: {"params": p, **{side: [] for side in sides}}
+                                       for name, p in configs.items()}
     with tempfile.TemporaryDirectory(prefix="vllm-tuner-capacity-") as tmp:
         for repeat in range(args.repeats):
             for name, params in configs.items():
-                # Interleaved: tool then peer for each config, so drift on the machine hits both sides.
-                print(f"[{repeat + 1}/{args.repeats}] {name}: tool", flush=True)
-                start_local_ray()
-                try:
-                    entry = run_trial(context, params, f"fid-{name}-{repeat}",
-                                      on_step=lambda r: print(step_line(r), flush=True))
-                finally:
-                    stop_ray()
-                rows[name]["tool"].append(_trial_summary(entry))
-                print(f"  tool: {entry['status_reason']}", flush=True)
-                time.sleep(5)  # let the engine processes exit before the peer's server starts
+                # Interleaved: every side of a config in turn, so drift on the machine hits all alike.
+                for serving in servings:
+                    print(f"[{repeat + 1}/{args.repeats}] {name}: tool, serving {serving}", flush=True)
+                    context = trial_context(prepared)
+                    context = dataclasses.replace(context, serving=serving)
+                    start_local_ray()
+                    try:
+                        entry = run_trial(context, params, f"fid-{name}-{serving}-{repeat}",
+                                          on_step=lambda r: print(step_line(r), flush=True))
+                    finally:
+                        stop_ray()
+                    rows[name][f"tool:{serving}"].append(_trial_summary(entry))
+                    print(f"  tool ({serving}): {entry['status_reason']}", flush=True)
+                    time.sleep(5)  # let the engine processes exit before the next side starts
                 print(f"[{repeat + 1}/{args.repeats}] {name}: vLLM server + bench serve", flush=True)
                 run = peer_capacity(prepared, params, Path(tmp), seed=repeat + 1)
                 rows[name]["peer"].append(run)
                 print(f"  peer: {run['reason']}", flush=True)
                 time.sleep(5)
-    verdicts = {}
+    verdicts: dict[str, dict[str, Any]] = {}
     for name, row in rows.items():
-        tool_mid = statistics.fmean(_midpoint(r) for r in row["tool"])
         peer_mid = statistics.fmean(_midpoint(r) for r in row["peer"])
-        tool_lo, tool_hi = min(r["capacity"] for r in row["tool"]), max(r["hi"] or r["capacity"] for r in row["tool"])
         peer_lo, peer_hi = min(r["capacity"] for r in row["peer"]), max(r["hi"] or r["capacity"] for r in row["peer"])
-        overlap = tool_lo <= peer_hi and peer_lo <= tool_hi
-        verdicts[name] = {"tool_midpoint": tool_mid, "peer_midpoint": peer_mid, "ratio": tool_mid / peer_mid,
-                          "tool_range": [tool_lo, tool_hi], "peer_range": [peer_lo, peer_hi],
-                          "brackets_overlap": overlap, "midpoints_within_10pct": abs(tool_mid / peer_mid - 1) <= 0.10}
-        print(f"{name}: tool {tool_mid:.2f} [{tool_lo:.2f}-{tool_hi:.2f}], peer {peer_mid:.2f} "
-              f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}", flush=True)
+        for serving in servings:
+            runs = row[f"tool:{serving}"]
+            tool_mid = statistics.fmean(_midpoint(r) for r in runs)
+            tool_lo, tool_hi = min(r["capacity"] for r in runs), max(r["hi"] or r["capacity"] for r in runs)
+            overlap = tool_lo <= peer_hi and peer_lo <= tool_hi
+            verdicts.setdefault(name, {})[serving] = {
+                "tool_midpoint": tool_mid, "peer_midpoint": peer_mid, "ratio": tool_mid / peer_mid,
+                "tool_range": [tool_lo, tool_hi], "peer_range": [peer_lo, peer_hi], "brackets_overlap": overlap,
+                "midpoints_within_10pct": abs(tool_mid / peer_mid - 1) <= 0.10}
+            print(f"{name} ({serving}): tool {tool_mid:.2f} [{tool_lo:.2f}-{tool_hi:.2f}], peer {peer_mid:.2f} "
+                  f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}", flush=True)
     _save(f"fidelity_{args.settings}", {"settings": args.settings, "overrides": _settings(args.settings),
-                                        "plan": dataclasses.asdict(context.plan), "slo": prepared.config.slo,
-                                        "repeats": args.repeats, "configs": rows, "verdicts": verdicts})
-    _plot_fidelity(rows)
+                                        "plan": dataclasses.asdict(trial_context(prepared).plan),
+                                        "slo": prepared.config.slo, "repeats": args.repeats, "servings": servings,
+                                        "configs": rows, "verdicts": verdicts})
+    _plot_fidelity(rows, sides)
 
 
-def _plot_fidelity(rows: dict[str, Any]) -> None:
+def _plot_fidelity(rows: dict[str, Any], sides: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,12 +263,12 @@ def _plot_fidelity(rows: dict[str, Any]) -> None:
     y = 0
     labels = []
     for name, row in rows.items():
-        for side, color in (("tool", "tab:blue"), ("peer", "tab:orange")):
+        for side, color in zip(sides, ("tab:blue", "tab:green", "tab:orange")[-len(sides):], strict=False):
             for run in row[side]:
                 hi = run["hi"] or run["capacity"]
                 ax.plot([run["capacity"], hi], [y, y], color=color, linewidth=4, solid_capstyle="butt")
                 y += 1
-                labels.append(f"{name} {side if side == 'tool' else 'vLLM server + bench'}")
+                labels.append(f"{name} {side if side != 'peer' else 'vLLM server + bench serve'}")
         y += 1
         labels.append("")
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
@@ -337,6 +346,8 @@ def main() -> None:
     fid = commands.add_parser("fidelity", help="tool vs vLLM's server + bench serve, two configs")
     fid.add_argument("--repeats", type=int, default=2)
     fid.add_argument("--settings", choices=("full", "demo"), default="full")
+    fid.add_argument("--servings", default="openai-server,in-process",
+                     help="how the tool serves its replicas, comma-separated (default: both)")
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
     args = parser.parse_args()
     {"repeatability": repeatability, "fidelity": fidelity, "bursty": bursty}[args.command](args)

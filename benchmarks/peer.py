@@ -57,16 +57,20 @@ def free_port() -> int:
 def vllm_server(config_text: str, work: Path, port: int, *, timeout_s: float = 300) -> Iterator[str]:
     """vLLM's OpenAI server on 127.0.0.1:`port` from a `--config` file; its engine bound to ENGINE_CORE.
     Yields the base URL; the server's whole process group is stopped on the way out."""
+    from trainables.vllm_engine import engine_cpu_env, other_cores, set_process_affinity, start_pinned
+
     config = work / f"vllm-serve-{port}.yaml"
     config.write_text(config_text)
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CORE), "VLLM_LOGGING_LEVEL": "WARNING",
+    env = {**os.environ, **engine_cpu_env([ENGINE_CORE]), "VLLM_LOGGING_LEVEL": "WARNING",
            "TOKENIZERS_PARALLELISM": "false"}
     log_path = work / f"server-{port}.log"
     with log_path.open("w") as log:
-        server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Placed as the tool places its replicas: the engine on its core, the API server on the others.
+        server = start_pinned([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)],
+                              [ENGINE_CORE], env=env, stdout=log)
         try:
             _wait_ready(port, server, log_path, timeout_s)
+            set_process_affinity(server.pid, other_cores([ENGINE_CORE]))
             yield f"http://127.0.0.1:{port}"
         finally:
             os.killpg(server.pid, signal.SIGTERM)
@@ -125,7 +129,10 @@ def bench(url: str, trace: Path, count: int, *, model_path: str, served_name: st
                "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", name,
                "--disable-tqdm", "--seed", str(seed)]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    # The client off the engine's core, as the tool's replay client is.
+    others = sorted(os.sched_getaffinity(0) - {ENGINE_CORE}) or sorted(os.sched_getaffinity(0))
+    done = subprocess.run(command, env=env, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, others))
     if done.returncode != 0:
         raise SystemExit(f"vllm bench serve failed: {done.stderr.strip().splitlines()[-3:]}")
     raw = json.loads((work / name).read_text())

@@ -3,8 +3,9 @@
 `EnginePool` routes each request to the live replica with the fewest outstanding requests, pings every
 replica on a heartbeat, declares a replica dead after `failure_threshold` missed pings in a row, kills
 and replaces it, and retries its in-flight requests on the others. It works over any `Engine`s
-(in-process stand-ins in unit tests). `start_ray_pool` hosts each `VllmEngine` in its own Ray actor
-pinned to its own placement-group bundle and starts them all in parallel.
+(in-process stand-ins in unit tests). `start_ray_pool` hosts each replica (a `VllmServer`, whose
+clients stream over HTTP, or an in-process `VllmEngine`) in its own Ray actor pinned to its own
+placement-group bundle and starts them all in parallel.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainables.http_replica import HttpReplica
 from trainables.protocol import Engine, Finished, FirstToken, GenerateRequest, StreamItem
-from trainables.vllm_engine import EngineSpec, VllmEngine
+from trainables.vllm_engine import SERVED_MODEL_NAME, EngineSpec, VllmEngine, VllmServer
 from tuner.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -344,8 +346,17 @@ def _create_actor(spec: EngineSpec, placement_group: Any, bundle: int, gpus: flo
     if placement_group is not None:
         strategy = PlacementGroupSchedulingStrategy(placement_group=placement_group,
                                                     placement_group_bundle_index=bundle)
-    return ray.remote(VllmEngine).options(num_cpus=spec.cpu_cores, num_gpus=gpus, scheduling_strategy=strategy,
-                                          max_concurrency=10_000).remote(spec)
+    host = VllmServer if spec.serving == "openai-server" else VllmEngine
+    return ray.remote(host).options(num_cpus=spec.cpu_cores, num_gpus=gpus, scheduling_strategy=strategy,
+                                    max_concurrency=10_000).remote(spec)
+
+
+def _client(spec: EngineSpec, handle: Any, info: dict[str, Any]) -> Engine:
+    """What the pool talks to: the actor itself, or the server it hosts (over HTTP, the actor as host)."""
+    replica = RayReplica(handle)
+    if spec.serving == "openai-server":
+        return HttpReplica(info["url"], replica, SERVED_MODEL_NAME)
+    return replica
 
 
 async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group: Any,
@@ -360,11 +371,11 @@ async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group
     """
     handles = [_create_actor(spec, placement_group, first_bundle + i, gpus_per_replica)
                for i in range(num_replicas)]
-    replicas = [RayReplica(h) for h in handles]
+    hosts = [RayReplica(h) for h in handles]
     try:
         info = await asyncio.wait_for(asyncio.gather(*(h.start.remote() for h in handles)), start_timeout_s)
     except BaseException as error:
-        await asyncio.gather(*(r.shutdown(timeout_s=30) for r in replicas), return_exceptions=True)
+        await asyncio.gather(*(r.shutdown(timeout_s=30) for r in hosts), return_exceptions=True)
         if isinstance(error, asyncio.TimeoutError):
             raise EngineError(f"engine start timed out after {start_timeout_s:.0f}s") from None
         if isinstance(error, (asyncio.CancelledError, KeyboardInterrupt)):
@@ -373,14 +384,14 @@ async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group
 
     async def replacement(index: int) -> tuple[Engine, dict[str, Any]]:
         handle = _create_actor(spec, placement_group, first_bundle + index, gpus_per_replica)
-        replica = RayReplica(handle)
         try:
             facts = await asyncio.wait_for(handle.start.remote(), start_timeout_s)
         except BaseException:
-            await replica.kill()
+            await RayReplica(handle).kill()
             raise
-        return replica, facts
+        return _client(spec, handle, facts), facts
 
+    replicas = [_client(spec, h, i) for h, i in zip(handles, info, strict=True)]
     pool = EnginePool(replicas, info, health=health, replace=replacement if replace else None)
     pool.start_monitor()
     return pool

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainables.pool import EnginePool, HealthPolicy, error_line
 from trainables.replay import replay_step
-from trainables.vllm_engine import EngineSpec
+from trainables.vllm_engine import EngineSpec, set_process_affinity
 from tuner import capacity
 from tuner.capacity import CapacityPlan, Phase
 from tuner.errors import EngineError
@@ -60,6 +60,7 @@ class TrialContext:
     kv_budget_bytes: int = 64 << 20
     deadline_s: float = 20.0
     sustain_horizon_s: float | None = 60.0
+    serving: str = "in-process"
     penalty_latency_s: float = 60.0
     vocab_size: int = 4096
     start_timeout_s: float = 600.0
@@ -84,7 +85,7 @@ def engine_spec(context: TrialContext, params: dict[str, Any]) -> tuple[EngineSp
         args["kv_cache_memory_bytes"] = kv_cache_bytes(
             args.pop("gpu_memory_utilization", DEFAULT_MEMORY_FRACTION), context.kv_budget_bytes)
     spec = EngineSpec(engine_args=args, cpu_cores=context.cpu_cores_per_replica * tp,
-                      on_cpu=context.on_cpu)
+                      on_cpu=context.on_cpu, serving=context.serving)
     return spec, int(params.get("num_replicas", 1)), tp
 
 
@@ -148,6 +149,8 @@ class TrialRunner:
         except Exception as error:  # anything else that stops the engine is still an infeasible config
             self.failure = f"engine failed to start: {error_line(error)}"
         self.start_s = time.perf_counter() - began
+        if self.pool is not None:
+            keep_client_off_engine_cores(self.pool.info)
 
     def next_step(self) -> dict[str, Any]:
         """Run the next load step; the result carries `done` when the trial has nothing left to do."""
@@ -280,6 +283,24 @@ class TrialRunner:
             self._loop.run_until_complete(_cancel_other_tasks())
         finally:
             self._loop.close()
+
+
+def keep_client_off_engine_cores(info: list[dict[str, Any]]) -> None:
+    """Run this process (the replay client) on cores no replica of this machine claimed, if any are left:
+    two engines, or an engine and its client, on one core measure each other."""
+    import os
+
+    claimed = {core for facts in info if facts.get("node") in (None, _node_id()) for core in facts.get("cores", ())}
+    free = os.sched_getaffinity(0) - claimed
+    if claimed and free:
+        set_process_affinity(os.getpid(), free)
+
+
+def _node_id() -> str | None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
 
 
 async def _cancel_other_tasks() -> None:

@@ -1,16 +1,28 @@
-"""The one module that imports vLLM: a replica that hosts one `AsyncLLM` engine and implements `Engine`.
+"""The one module that runs vLLM: a replica hosts one engine, served one of two ways.
 
-It runs inside a Ray actor (see `trainables.pool`), but nothing here depends on Ray, so the same class
-also runs in-process for tests and benchmarks. On a CPU-only host it claims whole cores for the engine's
+- `VllmServer` (the default, `serving: openai-server`): vLLM's own OpenAI-compatible server in a child
+  process, started from the same options a deployment's `vllm-serve.yaml` holds, on 127.0.0.1 and a
+  free port; clients stream completions from it over HTTP (`trainables.http_replica`), so a trial
+  measures what the deployed server does, HTTP frontend and detokenization included.
+- `VllmEngine` (`serving: in-process`): an `AsyncLLM` in this process with token-id prompts and no
+  detokenization; faster to measure, but it skips the server's frontend.
+
+Both run inside a Ray actor (see `trainables.pool`), but nothing here depends on Ray, so they also run
+in-process for tests and benchmarks. On a CPU-only host a replica claims whole cores for the engine's
 threads (a lock file per core, released when the process dies), so replicas of concurrent trials never
 share a core.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -20,18 +32,24 @@ from typing import Any
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
 from tuner.errors import EngineError
+from tuner.vllm_args import serve_argv
 
 _CORE_LOCK_DIR = Path(os.environ.get("VLLM_TUNER_CORE_LOCKS", "/tmp/vllm-tuner-cores"))
 
 
+SERVINGS = ("openai-server", "in-process")
+SERVED_MODEL_NAME = "measured"  # the name the trial's servers answer to
+
+
 @dataclass(frozen=True)
 class EngineSpec:
-    """Everything needed to start one replica: vLLM engine arguments plus how to place it on CPU."""
+    """Everything needed to start one replica: vLLM engine arguments, how it is served, where on CPU."""
 
     engine_args: dict[str, Any]
     cpu_cores: int = 1
     on_cpu: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    serving: str = "in-process"
 
 
 def claim_cores(count: int, lock_dir: Path = _CORE_LOCK_DIR) -> tuple[list[int], list[Any]]:
@@ -58,6 +76,42 @@ def claim_cores(count: int, lock_dir: Path = _CORE_LOCK_DIR) -> tuple[list[int],
     raise EngineError(f"no {count} free CPU core(s) to bind the engine to (all claimed by other replicas)")
 
 
+def engine_cpu_env(cores: list[int]) -> dict[str, str]:
+    """Environment that keeps a CPU engine's threads to `cores`: one OpenMP thread per core (vLLM binds
+    threads itself only for multiprocess workers, not the single-process executor a replica uses)."""
+    return {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores)}
+
+
+def other_cores(cores: list[int], allowed: set[int] | None = None) -> set[int]:
+    """`allowed` (this thread's cores by default) except `cores`; all of them when nothing else is left."""
+    allowed = (os.sched_getaffinity(0) if allowed is None else allowed) | set(cores)
+    return (allowed - set(cores)) or allowed
+
+
+def set_process_affinity(pid: int, cores: set[int] | list[int]) -> None:
+    """Move every thread of process `pid` to `cores` (sched_setaffinity moves one thread only)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for thread in threads:
+        try:
+            os.sched_setaffinity(int(thread), set(cores))
+        except OSError:  # a thread that just ended
+            continue
+
+
+def start_pinned(argv: list[str], cores: list[int], *, env: dict[str, str], stdout: Any) -> subprocess.Popen:
+    """Start `argv` in its own process group, on `cores` from its first instruction (so every process it
+    spawns, vLLM's engine core included, starts there too)."""
+    def pin() -> None:
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    return subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=pin)
+
+
 class VllmEngine:
     """One replica: a vLLM `AsyncLLM` with exact-length, token-id generation and client-side timing."""
 
@@ -75,10 +129,14 @@ class VllmEngine:
         """
         started = time.perf_counter()
         os.environ.update(self._spec.env)
+        cores: list[int] = []
+        allowed = os.sched_getaffinity(0)
         if self._spec.on_cpu:
             cores, self._core_locks = claim_cores(self._spec.cpu_cores)
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
+            os.environ.update(engine_cpu_env(cores))
             self.info["cores"] = cores
+            # The engine-core process vLLM spawns inherits the spawning thread's cores.
+            os.sched_setaffinity(0, cores)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -97,6 +155,8 @@ class VllmEngine:
         finally:
             os.dup2(saved_stderr, 2)
             os.close(saved_stderr)
+            if cores:  # this process (the engine's frontend) and its client work on the other cores
+                set_process_affinity(os.getpid(), other_cores(cores, allowed))
         self.info.update(pid=os.getpid(), start_s=round(time.perf_counter() - started, 2),
                          node=_ray_node_id())
         return self.info
@@ -187,6 +247,160 @@ class VllmEngine:
         for handle in self._core_locks:
             handle.close()
         self._core_locks = []
+
+
+class VllmServer:
+    """One replica as it is deployed: `python -m vllm.entrypoints.openai.api_server` in a child process.
+
+    The server listens on 127.0.0.1 only, with the dev endpoints on (for `/reset_prefix_cache`); its
+    engine's threads are bound to the claimed cores. It runs in its own process group, so a freeze stops
+    the API server and its engine together and a shutdown leaves nothing. Requests do not pass through
+    this object: clients stream them from `info["url"]` (see `trainables.http_replica`).
+    """
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self._spec = spec
+        self._process: subprocess.Popen | None = None
+        self._core_locks: list[Any] = []
+        self._log_path: Path | None = None
+        self.url = ""
+        self.info: dict[str, Any] = {}
+
+    async def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Start the server and wait until it answers `/health`; returns facts about it (url, pid,
+        bound cores, start seconds). Raises EngineError with vLLM's own reason when it cannot start."""
+        started = time.perf_counter()
+        env = {**os.environ, **self._spec.env, "VLLM_SERVER_DEV_MODE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        cores: list[int] = []
+        if self._spec.on_cpu:
+            cores, self._core_locks = claim_cores(self._spec.cpu_cores)
+            env.update(engine_cpu_env(cores))
+            self.info["cores"] = cores
+        port = _free_port()
+        argv = server_command(self._spec.engine_args, port)
+        self._log_path = Path(tempfile.mkstemp(prefix="vllm-tuner-server-", suffix=".log")[1])
+        with open(self._log_path, "w") as log:
+            self._process = start_pinned(argv, cores, env=env, stdout=log)
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            await self._wait_ready(timeout_s)
+        except BaseException:
+            await self.shutdown()
+            raise
+        if cores:  # the API server works on the other cores; its engine-core child stays on the claimed ones
+            set_process_affinity(self._process.pid, other_cores(cores))
+        self.info.update(url=self.url, pid=os.getpid(), server_pid=self._process.pid,
+                         start_s=round(time.perf_counter() - started, 2), node=_ray_node_id())
+        return self.info
+
+    async def _wait_ready(self, timeout_s: float) -> None:
+        import aiohttp
+
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self._process is None or self._process.poll() is not None:
+                    reason = (_reason_from_log(self._log_path) if self._log_path else None) or \
+                        f"the server exited with status {self._process.returncode if self._process else '?'}"
+                    raise EngineError(f"vLLM engine failed to start: {reason}")
+                try:
+                    async with session.get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=2)) as reply:
+                        if reply.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(0.5)
+        raise EngineError(f"vLLM engine failed to start: the server did not answer /health within {timeout_s:.0f}s")
+
+    async def ping(self) -> float:
+        """Answers while the server answers `/health`; raises EngineError with the reason once it died."""
+        import aiohttp
+
+        self._raise_if_dead()
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.get(f"{self.url}/health") as reply:
+                    if reply.status != 200:
+                        self._raise_if_dead()
+                        raise EngineError(f"vLLM engine died: /health answered {reply.status}")
+            except aiohttp.ClientError:
+                self._raise_if_dead()
+                raise
+        return time.monotonic()
+
+    def _raise_if_dead(self) -> None:
+        process = self._process
+        if process is not None and process.poll() is not None:
+            code = process.returncode
+            how = f"killed by signal {-code}" + (" (SIGKILL: out of memory?)" if code == -9 else "") \
+                if code < 0 else f"exit status {code}"
+            reason = _reason_from_log(self._log_path) if self._log_path is not None else None
+            raise EngineError(f"vLLM engine died: {reason or f'the server process ended ({how})'}")
+
+    async def reset_prefix_cache(self) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            for _ in range(20):  # refused while blocks are still held by requests finishing: retry
+                async with session.post(f"{self.url}/reset_prefix_cache") as reply:
+                    if reply.status == 200 and (await reply.json()).get("success", True):
+                        return
+                await asyncio.sleep(0.1)
+
+    async def freeze(self) -> None:
+        """Fault injection: stop the server and its engine (SIGSTOP to its process group)."""
+        if self._process is not None:
+            os.killpg(self._process.pid, signal.SIGSTOP)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Nothing to do: a client that stops reading a stream aborts its request on the server."""
+
+    async def shutdown(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGCONT)  # a frozen server must run to exit cleanly
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 30
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait(10)
+        if self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
+            self._log_path = None
+        for handle in self._core_locks:
+            handle.close()
+        self._core_locks = []
+
+
+# Set by the server itself (or meaningless for it): never passed as server options.
+_SERVER_OWN_ARGS = {"skip_tokenizer_init", "distributed_executor_backend"}
+
+
+def server_command(engine_args: dict[str, Any], port: int) -> list[str]:
+    """The command that serves `engine_args` on 127.0.0.1:`port` as the trial's `VllmServer`: the same
+    options `vllm-serve.yaml` carries (`tuner.vllm_args`), with the server's own tokenizer (it
+    detokenizes, as in production) and its own executor choice."""
+    args = {k: v for k, v in engine_args.items() if k not in _SERVER_OWN_ARGS}
+    if not args.get("disable_log_stats"):  # logging stats is the server's default; it has no --no- flag
+        args.pop("disable_log_stats", None)
+    model = args.pop("model")
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+            "--disable-uvicorn-access-log", *serve_argv(args)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _ray_node_id() -> str | None:

@@ -140,6 +140,8 @@ class SearchConfig(_Strict):
     workload: WorkloadSection = WorkloadSection()
     space: str = "cpu-smoke"
     slo: str = "ttft:p95<2s; tpot:p95<30ms"
+    serving: Literal["openai-server", "in-process"] = Field(
+        "openai-server", description="replicas as deployed (vLLM's OpenAI server, over HTTP) or in-process")
     capacity: CapacitySection = CapacitySection()
     objectives: list[Objective] = Field(
         default_factory=lambda: [Objective(metric="capacity_rps_per_accel", mode="max"),

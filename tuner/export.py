@@ -39,6 +39,7 @@ from tuner.metrics import judge as judge_statistics
 from tuner.pareto import Objective, knee_index, non_dominated
 from tuner.slo import METRICS, STATS, Slo, parse_slo
 from tuner.space import POOL_PARAMS
+from tuner.vllm_args import serve_options
 from tuner.vocabulary import (
     FEASIBLE_STATUSES,
     FINAL_STATUSES,
@@ -371,10 +372,6 @@ def deployment_for(record: SearchRecord, trial: TrialRow, options: ExportOptions
     )
 
 
-def _cli_name(name: str) -> str:
-    return name.replace("_", "-")
-
-
 def vllm_serve_config(deployment: Deployment) -> dict[str, Any]:
     """The `vllm serve --config` mapping: long CLI names; a false boolean as `no-KEY: true`."""
     config: dict[str, Any] = {
@@ -383,13 +380,7 @@ def vllm_serve_config(deployment: Deployment) -> dict[str, Any]:
         "host": deployment.host,
         "port": deployment.port,
     }
-    for name, value in deployment.engine_args.items():
-        if isinstance(value, bool):
-            config[_cli_name(name) if value else f"no-{_cli_name(name)}"] = True
-        elif isinstance(value, (dict, list)):
-            config[_cli_name(name)] = json.dumps(value) if isinstance(value, dict) else value
-        elif value is not None:
-            config[_cli_name(name)] = value
+    config.update(serve_options(deployment.engine_args))
     return config
 
 

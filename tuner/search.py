@@ -232,7 +232,7 @@ def trial_context(prepared: PreparedSearch) -> TrialContext:
         engine_defaults={"max_model_len": config.model.max_model_len, **config.model.engine_args},
         on_cpu=prepared.on_cpu, cpu_cores_per_replica=config.hardware.cpu_cores_per_replica,
         kv_budget_bytes=int(config.hardware.kv_budget_mib * (1 << 20)),
-        deadline_s=capacity.deadline_s, sustain_horizon_s=capacity.sustain_horizon_s,
+        deadline_s=capacity.deadline_s, sustain_horizon_s=capacity.sustain_horizon_s, serving=config.serving,
         penalty_latency_s=config.penalty_latency_s, vocab_size=prepared.vocab_size,
         start_timeout_s=config.budget.engine_start_timeout_s, seed=config.seed,
         faults=tuple(Fault(**f.model_dump()) for f in config.faults),

@@ -1,6 +1,7 @@
-"""One contract, two engines: the stand-in used by unit tests and the real vLLM engine must behave alike.
+"""One contract, three engines: the stand-in used by unit tests, the real vLLM engine in-process, and a
+replica served by vLLM's OpenAI server (streamed over HTTP) must behave alike.
 
-The real engine runs in-process (one engine for the whole module, since it takes ~20 s to start).
+Each real engine is started once for the whole module, since it takes ~20 s to start.
 """
 
 from __future__ import annotations
@@ -13,22 +14,41 @@ from stand_in import StandInEngine
 from trainables.protocol import Finished, FirstToken, GenerateRequest
 
 
-def _vllm_engine():
-    from trainables.vllm_engine import EngineSpec, VllmEngine
+def _spec(serving: str):
+    from trainables.vllm_engine import EngineSpec
     from tuner.tiny_model import ensure_tiny_model
 
-    return VllmEngine(EngineSpec(engine_args={
+    return EngineSpec(engine_args={
         "model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "enforce_eager": True,
         "max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 512,
         "kv_cache_memory_bytes": 16 << 20, "distributed_executor_backend": "uni",
-        "disable_log_stats": False}))
+        "disable_log_stats": False}, serving=serving)
 
 
-@pytest.fixture(scope="module", params=["stand-in", pytest.param("vllm", marks=pytest.mark.integration)])
+async def _start(kind: str):
+    if kind == "stand-in":
+        engine = StandInEngine()
+        await engine.start()
+        return engine
+    if kind == "vllm":
+        from trainables.vllm_engine import VllmEngine
+
+        engine = VllmEngine(_spec("in-process"))
+        await engine.start()
+        return engine
+    from trainables.http_replica import HttpReplica
+    from trainables.vllm_engine import SERVED_MODEL_NAME, VllmServer
+
+    server = VllmServer(_spec("openai-server"))
+    info = await server.start()
+    return HttpReplica(info["url"], server, SERVED_MODEL_NAME)
+
+
+@pytest.fixture(scope="module", params=["stand-in", pytest.param("vllm", marks=pytest.mark.integration),
+                                        pytest.param("vllm-server", marks=pytest.mark.integration)])
 def engine(request):
     loop = asyncio.new_event_loop()
-    engine = StandInEngine() if request.param == "stand-in" else _vllm_engine()
-    loop.run_until_complete(engine.start())
+    engine = loop.run_until_complete(_start(request.param))
     yield engine, loop
     loop.run_until_complete(engine.shutdown())
     loop.close()

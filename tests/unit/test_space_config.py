@@ -159,3 +159,22 @@ def test_the_sampler_is_optunas_gp_with_few_start_up_trials():
 
     assert isinstance(make_sampler(0, 8), GPSampler)
     assert [startup_trials(n) for n in (1, 8, 12, 20, 100)] == [2, 2, 2, 4, 10]
+
+
+def test_asha_compares_a_trial_that_left_the_climb_by_its_last_climb_value():
+    from types import SimpleNamespace
+
+    from tuner.search import RecordingASHA
+
+    asha = RecordingASHA(time_attr="load_step", metric="slo_headroom", mode="max", max_t=12, grace_period=2,
+                         reduction_factor=2, stop_last_trials=False)
+    climbing, failed = SimpleNamespace(trial_id="a", status="RUNNING"), SimpleNamespace(trial_id="b", status="RUNNING")
+    for trial in (climbing, failed):
+        asha.on_trial_add(None, trial)
+    asha.on_trial_result(None, climbing, {"load_step": 1, "slo_headroom": 5.0, "phase": "climb"})
+    asha.on_trial_result(None, climbing, {"load_step": 2, "slo_headroom": 3.0, "phase": "climb"})
+    asha.on_trial_result(None, failed, {"load_step": 1, "slo_headroom": 0.8, "phase": "climb"})
+    # Its second step refines at a lower load and passes easily: ASHA must still see the failure at rung 2.
+    asha.on_trial_result(None, failed, {"load_step": 2, "slo_headroom": 4.0, "phase": "refine"})
+    recorded = {trial: value for _, rung in asha._trial_info["b"]._rungs for trial, value in rung.items()}
+    assert recorded == {"a": 3.0, "b": 0.8}

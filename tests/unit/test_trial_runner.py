@@ -220,3 +220,19 @@ def test_a_crash_the_monitor_has_not_declared_yet_still_ends_the_trial():
                                    make))
     assert results[-1]["trial_status"] == "infeasible" and results[-1]["replica_failures"] == 0.0
     assert results[-1]["status_reason"].startswith("replica 1 crashed during step 2"), results[-1]["status_reason"]
+
+
+def test_the_trials_server_runs_the_options_a_deployment_runs_on_loopback():
+    from trainables.vllm_engine import server_command
+
+    spec, _, _ = engine_spec(_context(serving="openai-server"),
+                             {"max_num_seqs": 8, "enable_prefix_caching": False, "gpu_memory_utilization": 0.5})
+    assert spec.serving == "openai-server"
+    argv = server_command(spec.engine_args, 8123)
+    joined = " ".join(argv)
+    assert "--host 127.0.0.1 --port 8123" in joined
+    assert "--max-num-seqs 8" in joined and "--no-enable-prefix-caching" in joined
+    assert f"--kv-cache-memory-bytes {32 << 20}" in joined and "--enforce-eager" in joined
+    # The server tokenizes and detokenizes as in production, and picks its own executor.
+    assert "skip-tokenizer-init" not in joined and "distributed-executor-backend" not in joined
+    assert "disable-log-stats" not in joined, "vLLM's server has no --no-disable-log-stats flag"

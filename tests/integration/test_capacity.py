@@ -1,0 +1,59 @@
+"""A real capacity search on one vLLM CPU engine: climb until a step fails, bisect, a measured bracket."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import ENGINE_PATTERN, leftover_processes
+
+from trainables.pool import HealthPolicy, start_ray_pool
+from trainables.trial import TrialRunner
+from trainables.vllm_engine import EngineSpec
+from tuner.capacity import CapacityPlan
+from tuner.config import load_config
+from tuner.search import prepare, trial_context
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_real_capacity_search_brackets_the_breaking_point(ray_local):
+    # The embedded default's workload and SLO, short steps; a small batch breaks at a few times the
+    # bundled trace's rate on one core, so the climb from 2x fails within a few doublings.
+    prepared = prepare(load_config(None, {"capacity.tail_requests": 3, "capacity.min_window_s": 6,
+                                          "capacity.warmup_requests": 5}), device_has_gpu=False)
+    context = dataclasses.replace(trial_context(prepared), plan=CapacityPlan(
+        start_factor=2.0, growth=2.0, max_factor=32.0, min_factor=1.0, resolution=0.3))
+
+    async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
+        return await start_ray_pool(spec, replicas, placement_group=None, health=health, replace=True)
+
+    runner = TrialRunner(context, {"max_num_seqs": 4, "max_num_batched_tokens": 256,
+                                   "gpu_memory_utilization": 0.5}, factory)
+    runner.start()
+    results = []
+    try:
+        assert runner.failure is None, runner.failure
+        while not results or not results[-1]["done"]:
+            results.append(runner.next_step())
+    finally:
+        runner.close()
+    final = results[-1]
+    assert final["trial_status"] == "completed", final["status_reason"]
+    phases = [r["phase"] for r in results]
+    assert phases[0] == "climb" and "refine" in phases, phases
+    assert any(not r["slo_pass"] for r in results), "the climb found a load that fails"
+    # Capacity = the measured arrival rate of the highest pass below the lowest failure, and the bracket
+    # was refined to the resolution.
+    fails = [r["arrival_rps"] for r in results if not r["slo_pass"]]
+    passes = [r["arrival_rps"] for r in results if r["slo_pass"] and r["arrival_rps"] < min(fails)]
+    assert final["capacity_rps_per_accel"] == max(passes)
+    assert final["capacity_hi_rps_per_accel"] == min(fails)
+    assert final["capacity_censored"] == 0.0
+    assert final["capacity_hi_rps_per_accel"] <= final["capacity_rps_per_accel"] * 1.3 * 1.05
+    # Every step offered the load it was asked for, counted enough requests, and lasted its window.
+    for r in results:
+        assert abs(r["arrival_rps"] / r["offered_rps"] - 1) <= 0.05, r
+        assert r["measured_requests"] >= 60
+    assert final["status_reason"].startswith("capacity ")
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []

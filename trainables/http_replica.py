@@ -1,0 +1,142 @@
+"""A replica served by vLLM's OpenAI server, seen from the client: the `Engine` protocol over HTTP streaming.
+
+Requests go straight from the replay client to the server (`/v1/completions`, token-id prompts,
+`ignore_eos` with exactly the recorded output length, streamed), as a deployment's clients reach it;
+timings are taken where they arrive, as vLLM's own `bench serve` takes them: the first streamed chunk is
+the first token, later chunks give the inter-token gaps, and the usage chunk the output length. The
+replica's host (its Ray actor, or the server object itself in tests) answers pings, freezes, and shuts
+the server down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
+
+# How long a liveness check after a broken connection may take before the request just counts as failed.
+_CHECK_S = 5.0
+# A streamed completion chunk that carries tokens, and the final one that carries the usage.
+TOKEN_CHUNK = b'"choices":[{'
+USAGE_CHUNK = b'"usage":{'
+
+
+class ServerHost(Protocol):
+    """Whatever runs the server: answers pings (raising once the server is gone), freezes, shuts down."""
+
+    async def ping(self) -> float: ...
+
+    async def reset_prefix_cache(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+class HttpReplica:
+    """The `Engine` protocol for one `VllmServer` at `url`, hosted by `host`."""
+
+    def __init__(self, url: str, host: Any, model: str) -> None:
+        self.url = url
+        self.host = host
+        self.model = model
+        self._session: Any = None
+        self._open: dict[str, Any] = {}  # request id -> its streaming response, so abort can close it
+
+    def _client(self):
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            # No connection limit: an open-loop replay must never queue requests in the client.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        return self._session
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
+        import aiohttp
+
+        body = {"model": self.model, "prompt": list(request.prompt_token_ids),
+                "max_tokens": request.output_tokens, "min_tokens": request.output_tokens, "ignore_eos": True,
+                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+        gaps: list[float] = []
+        chunks, produced, last = 0, None, None
+        try:
+            async with self._client().post(f"{self.url}/v1/completions", json=body,
+                                            headers={"X-Request-Id": request.request_id}) as reply:
+                self._open[request.request_id] = reply
+                if reply.status != 200:
+                    text = (await reply.text())[:300]
+                    yield Finished(request.request_id, 0, (), error=f"HTTP {reply.status}: {_message(text)}")
+                    return
+                async for line in reply.content:
+                    # Only the arrival time of a token chunk matters, so it is recognised without parsing
+                    # its JSON (the client shares this machine's cores with the server it measures).
+                    if TOKEN_CHUNK in line:
+                        now = time.perf_counter()
+                        if last is None:
+                            yield FirstToken(request.request_id)
+                        else:
+                            gaps.append(now - last)
+                        last, chunks = now, chunks + 1
+                    elif USAGE_CHUNK in line and line.startswith(b"data:"):
+                        usage = json.loads(line[5:]).get("usage") or {}
+                        produced = int(usage.get("completion_tokens") or 0)
+                    elif line.startswith(b"data: [DONE]"):
+                        break
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            if self._open.pop(request.request_id, None) is not None:  # not closed by abort()
+                await self._raise_if_dead(error)
+            yield Finished(request.request_id, chunks, tuple(gaps), error=f"{type(error).__name__}: {error}")
+            return
+        finally:
+            self._open.pop(request.request_id, None)
+        produced = chunks if produced is None else produced
+        # Tokens that arrive in one chunk arrived together: their gaps are 0, as in-process.
+        gaps.extend([0.0] * max(0, produced - 1 - len(gaps)))
+        yield Finished(request.request_id, produced, tuple(gaps[: max(0, produced - 1)]))
+
+    async def _raise_if_dead(self, error: BaseException) -> None:
+        """A broken connection proves nothing by itself: ask the host whether the server still lives."""
+        try:
+            await asyncio.wait_for(self.host.ping(), _CHECK_S)
+        except asyncio.TimeoutError:
+            return  # a busy or frozen server: the health monitor decides
+        except Exception as death:
+            raise death from error
+
+    async def ping(self) -> float:
+        return float(await self.host.ping())
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Close the given requests' streams: vLLM's server aborts a request whose client went away."""
+        for request_id in request_ids:
+            reply = self._open.pop(request_id, None)
+            if reply is not None:
+                reply.close()
+
+    async def reset_prefix_cache(self) -> None:
+        await self.host.reset_prefix_cache()
+
+    async def freeze(self) -> None:
+        await self.host.freeze()
+
+    async def kill(self) -> None:
+        await self.host.kill()
+
+    async def shutdown(self) -> None:
+        session, self._session = self._session, None
+        try:
+            if session is not None:
+                await session.close()
+        finally:
+            await self.host.shutdown()
+
+
+def _message(text: str) -> str:
+    try:
+        return str(json.loads(text).get("message") or text)
+    except (ValueError, AttributeError):
+        return text
