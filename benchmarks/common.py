@@ -65,6 +65,8 @@ def run_trial(context: TrialContext, params: dict[str, Any], trial_id: str,
 
 def step_line(result: dict[str, Any]) -> str:
     """One progress line per step, as the search prints them."""
+    if result.get("trial_status") == "infeasible":
+        return f"  infeasible: {result.get('status_reason', '')}"
     verdict = "pass" if result.get("slo_pass") else "FAIL"
     return (f"  step {int(result['load_step'])} {result.get('phase', '')} {result['load_factor']:.3g}x "
             f"{result['arrival_rps']:.2f} rps: {verdict} headroom {result['slo_headroom']:.2f} ttft p95 "

@@ -26,11 +26,18 @@ USAGE_CHUNK = b'"usage":{'
 
 
 class ServerHost(Protocol):
-    """Whatever runs the server: answers pings (raising once the server is gone), freezes, shuts down."""
+    """Whatever runs the server (its Ray actor): answers pings (raising once the server is gone), resets
+    the prefix cache, freezes or kills the server, ends itself, shuts everything down."""
 
     async def ping(self) -> float: ...
 
     async def reset_prefix_cache(self) -> None: ...
+
+    async def freeze(self) -> None: ...
+
+    async def kill_server(self) -> None: ...
+
+    async def kill(self) -> None: ...
 
     async def shutdown(self) -> None: ...
 
@@ -38,7 +45,7 @@ class ServerHost(Protocol):
 class HttpReplica:
     """The `Engine` protocol for one `VllmServer` at `url`, hosted by `host`."""
 
-    def __init__(self, url: str, host: Any, model: str) -> None:
+    def __init__(self, url: str, host: ServerHost, model: str) -> None:
         self.url = url
         self.host = host
         self.model = model
@@ -58,8 +65,10 @@ class HttpReplica:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
         import aiohttp
 
+        # As vLLM's bench serve asks: ignore_eos gives exactly max_tokens tokens (no min_tokens, whose
+        # logits processor would slow every decode step).
         body = {"model": self.model, "prompt": list(request.prompt_token_ids),
-                "max_tokens": request.output_tokens, "min_tokens": request.output_tokens, "ignore_eos": True,
+                "max_tokens": request.output_tokens, "ignore_eos": True,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         gaps: list[float] = []
         chunks, produced, last = 0, None, None
@@ -124,6 +133,12 @@ class HttpReplica:
         await self.host.freeze()
 
     async def kill(self) -> None:
+        """The server dies at once (its process group is killed), then its host; a host already gone
+        took the server with it."""
+        try:
+            await asyncio.wait_for(self.host.kill_server(), _CHECK_S)
+        except Exception:  # noqa: BLE001 - the host died first: its server went with it
+            pass
         await self.host.kill()
 
     async def shutdown(self) -> None:

@@ -329,6 +329,9 @@ class RayReplica:
 
         ray.kill(self.handle, no_restart=True)
 
+    async def kill_server(self) -> None:
+        await self.handle.kill_server.remote()
+
     async def shutdown(self, timeout_s: float = 60.0) -> None:
         import ray
 

@@ -166,9 +166,11 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=request.output_tokens, min_tokens=request.output_tokens,
-                                ignore_eos=True, temperature=0.0, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
+        # ignore_eos alone gives exactly max_tokens tokens; min_tokens would add a logits processor to
+        # every decode step that no real client asks for (it cost the small-batch config ~30% of its
+        # capacity in benchmarks/capacity.py).
+        params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True, temperature=0.0,
+                                detokenize=False, output_kind=RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         produced, gaps, last, queue_s = 0, [], None, None
         try:
@@ -351,6 +353,18 @@ class VllmServer:
         """Fault injection: stop the server and its engine (SIGSTOP to its process group)."""
         if self._process is not None:
             os.killpg(self._process.pid, signal.SIGSTOP)
+
+    async def kill_server(self) -> None:
+        """Fault injection and declared deaths: the server and its engine die at once (SIGKILL)."""
+        if self._process is not None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def kill(self) -> None:
+        """As its own host (in tests): killing the host is killing the server."""
+        await self.kill_server()
 
     async def abort(self, request_ids: list[str]) -> None:
         """Nothing to do: a client that stops reading a stream aborts its request on the server."""

@@ -450,6 +450,7 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
     config = prepared.config
     scheduler = RecordingASHA(time_attr="load_step", metric=config.asha.metric, mode=config.asha.mode,
                               max_t=config.capacity.max_steps, grace_period=asha_grace_period(config),
+                              growth=config.capacity.growth,
                               reduction_factor=config.asha.reduction_factor, stop_last_trials=False)
     searcher = OptunaSearch(space=prepared.space.define_by_run(),
                             metric=[o.metric for o in config.objectives],
@@ -503,20 +504,35 @@ class RecordingASHA(ASHAScheduler):
     """ASHA that compares trials only where they faced the same load, and remembers whom it stopped.
 
     Rungs are climb steps, where every trial runs the same load. Once a trial's climb has ended (it
-    failed a step and is refining, or descending), ASHA sees the value of its last climb step at every
-    later rung: a trial that failed early keeps its failing headroom (< 1), never the headroom of a
-    lower load it refines at. Stopped trials are recorded into the tracker active in this process, so
-    a scheduler restored on resume still does.
+    failed a step and is refining, or descending), ASHA sees, at every later rung, the value of its last
+    climb step divided by `growth` for each step since: a conservative stand-in for its value at that
+    rung's load (headroom only falls as load rises), so a trial that failed early ranks below one that
+    failed later, and never gains from the easier load it refines at. (For a metric ASHA minimises the
+    value is multiplied instead.) Stopped trials are recorded into the tracker active in this process,
+    so a scheduler restored on resume still does.
     """
 
+    def __init__(self, *args, growth: float = 2.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._growth = growth
+
     def _climb_value(self, trial, result):
-        values = self.__dict__.setdefault("_last_climb", {})
+        climbs = self.__dict__.setdefault("_last_climb", {})
+        step = int(result.get(self._time_attr, 0) or 0)
         if result.get("phase", str(Phase.CLIMB)) == str(Phase.CLIMB):
-            values[trial.trial_id] = result.get(self._metric)
+            climbs[trial.trial_id] = (result.get(self._metric), step)
             return result
-        if trial.trial_id not in values:
+        value, climbed_at = climbs.get(trial.trial_id, (None, step))
+        if value is None:
             return result
-        return {**result, self._metric: values[trial.trial_id]}
+        factor = self.__dict__.get("_growth", 2.0) ** max(0, step - climbed_at)
+        return {**result, self._metric: value / factor if self._mode == "max" else value * factor}
+
+    def on_trial_complete(self, tune_controller, trial, result):
+        # A trial's last result comes here, not through on_trial_result: judge it by the same rule.
+        if result and self._metric in result:
+            result = self._climb_value(trial, result)
+        return super().on_trial_complete(tune_controller, trial, result)
 
     def on_trial_add(self, tune_controller, trial):
         super().on_trial_add(tune_controller, trial)

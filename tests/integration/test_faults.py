@@ -38,7 +38,7 @@ def _context(**overrides) -> TrialContext:
                                                                      seed=0),
                   reference_rps=5.0, plan=_plan(1.0), slo="ttft:p95<5s; tpot:p95<200ms",
                   engine_defaults={"max_model_len": 1024}, kv_budget_bytes=16 << 20, deadline_s=60.0,
-                  sustain_horizon_s=None)
+                  sustain_horizon_s=None, serving="openai-server")
     values.update(overrides)
     return TrialContext(**values)
 
@@ -107,8 +107,9 @@ def test_an_engine_that_dies_on_its_own_makes_the_trial_infeasible_with_the_reas
     runner.start()
     try:
         assert runner.failure is None, runner.failure
-        actor_pid = runner.pool.info[0]["pid"]
-        children = subprocess.run(["pgrep", "-P", str(actor_pid)], capture_output=True, text=True).stdout.split()
+        server_pid = runner.pool.info[0]["server_pid"]
+        children = subprocess.run(["pgrep", "-P", str(server_pid), "-f", "EngineCore"], capture_output=True,
+                                  text=True).stdout.split()
         assert children, "the replica's engine-core process"
         timer = threading.Timer(3.0, lambda: [os.kill(int(c), signal.SIGKILL) for c in children])
         timer.start()

@@ -80,3 +80,29 @@ def test_resources_no_node_can_provide(invoke):
     space = SPACE_OK + "  num_replicas: {type: categorical, choices: [1, 64]}\n"
     line = invoke("--dry-run", space=space)
     assert "num_replicas=64 needs 64 CPU" in line
+
+
+def test_a_config_written_for_the_old_ladder_says_what_to_write_instead(invoke):
+    line = invoke(config="ladder: {factors: [1.0, 2.0], step_duration_s: 12}\n")
+    assert "search.yaml: ladder: the fixed load ladder was replaced by a capacity search" in line
+    assert "capacity:" in line
+
+
+def test_a_step_too_long_for_a_sparse_trace_is_an_up_front_error(invoke, tmp_path):
+    trace = tmp_path / "sparse.jsonl"  # 1 request a minute: a 110-request step at 0.25x takes hours
+    trace.write_text("".join(f'{{"arrival_s": {60 * i}, "prompt_tokens": 10, "output_tokens": 5}}\n'
+                             for i in range(20)))
+    line = invoke(config=f"workload: {{path: {trace}}}\n")
+    assert "capacity: a step at the lowest load (0.25x the reference" in line
+    assert "over capacity.max_step_s=600; raise workload.reference_rps" in line
+
+
+def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
+    result = CliRunner().invoke(main, ["search", "--dry-run", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "capacity search: climb 1x, 2x, 4x, 8x, 16x, then bisect to 20%" in out
+    assert "each step replays the same sample: 4 windows of the trace at random offsets, 100 measured requests " \
+           "or 10s of them" in out
+    assert "estimated engine time: about" in out and "when its capacity is near 4x" in out
+    assert not (tmp_path / "m.db").exists()

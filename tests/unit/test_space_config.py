@@ -167,14 +167,40 @@ def test_asha_compares_a_trial_that_left_the_climb_by_its_last_climb_value():
     from tuner.search import RecordingASHA
 
     asha = RecordingASHA(time_attr="load_step", metric="slo_headroom", mode="max", max_t=12, grace_period=2,
-                         reduction_factor=2, stop_last_trials=False)
-    climbing, failed = SimpleNamespace(trial_id="a", status="RUNNING"), SimpleNamespace(trial_id="b", status="RUNNING")
-    for trial in (climbing, failed):
+                         reduction_factor=2, stop_last_trials=False, growth=2.0)
+    trials = {name: SimpleNamespace(trial_id=name, status="RUNNING") for name in "abc"}
+    for trial in trials.values():
         asha.on_trial_add(None, trial)
-    asha.on_trial_result(None, climbing, {"load_step": 1, "slo_headroom": 5.0, "phase": "climb"})
-    asha.on_trial_result(None, climbing, {"load_step": 2, "slo_headroom": 3.0, "phase": "climb"})
-    asha.on_trial_result(None, failed, {"load_step": 1, "slo_headroom": 0.8, "phase": "climb"})
-    # Its second step refines at a lower load and passes easily: ASHA must still see the failure at rung 2.
-    asha.on_trial_result(None, failed, {"load_step": 2, "slo_headroom": 4.0, "phase": "refine"})
-    recorded = {trial: value for _, rung in asha._trial_info["b"]._rungs for trial, value in rung.items()}
-    assert recorded == {"a": 3.0, "b": 0.8}
+    a, b, c = trials.values()
+    asha.on_trial_result(None, a, {"load_step": 1, "slo_headroom": 5.0, "phase": "climb"})
+    asha.on_trial_result(None, a, {"load_step": 2, "slo_headroom": 3.0, "phase": "climb"})
+    asha.on_trial_result(None, b, {"load_step": 1, "slo_headroom": 0.8, "phase": "climb"})
+    # b's second step refines at a lower load and passes easily: ASHA must still see its failure at rung 2,
+    # scaled down by the load it did not reach (a conservative stand-in: headroom falls as load rises).
+    asha.on_trial_result(None, b, {"load_step": 2, "slo_headroom": 4.0, "phase": "refine"})
+    # c's last result (a refine step) reaches ASHA through on_trial_complete: the same rule applies.
+    asha.on_trial_result(None, c, {"load_step": 1, "slo_headroom": 0.9, "phase": "climb"})
+    asha.on_trial_complete(None, c, {"load_step": 2, "slo_headroom": 6.0, "phase": "refine", "done": True})
+    recorded = {trial: value for _, rung in asha._trial_info["a"]._rungs for trial, value in rung.items()}
+    assert recorded == {"a": 3.0, "b": 0.4, "c": 0.45}
+
+
+def test_a_trial_that_failed_later_ranks_above_one_that_failed_earlier_at_a_later_rung():
+    from types import SimpleNamespace
+
+    from tuner.search import RecordingASHA
+
+    asha = RecordingASHA(time_attr="load_step", metric="slo_headroom", mode="max", max_t=12, grace_period=1,
+                         reduction_factor=2, stop_last_trials=False, growth=2.0)
+    early = SimpleNamespace(trial_id="early", status="RUNNING")
+    late = SimpleNamespace(trial_id="late", status="RUNNING")
+    for trial in (early, late):
+        asha.on_trial_add(None, trial)
+    for step, value in ((1, 5.0), (2, 0.8)):  # fails at 2x with a mild miss
+        asha.on_trial_result(None, early, {"load_step": step, "slo_headroom": value, "phase": "climb"})
+    for step in (3, 4):
+        asha.on_trial_result(None, early, {"load_step": step, "slo_headroom": 3.0, "phase": "refine"})
+    for step, value in ((1, 6.0), (2, 3.0), (3, 1.5), (4, 0.5)):  # fails at 8x, a harder miss
+        asha.on_trial_result(None, late, {"load_step": step, "slo_headroom": value, "phase": "climb"})
+    rung4 = next(rung for milestone, rung in asha._trial_info["late"]._rungs if milestone == 4)
+    assert rung4["late"] > rung4["early"]
