@@ -57,12 +57,14 @@ class HttpReplica:
 
         if self._session is None or self._session.closed:
             # No connection limit: an open-loop replay must never queue requests in the client.
+            # Idle connections are dropped before the server's own keep-alive timeout (uvicorn: 5 s) ends
+            # them, so a request is rarely sent on a connection the server is closing.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
         return self._session
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
+    async def generate(self, request: GenerateRequest, attempt: int = 0) -> AsyncIterator[StreamItem]:
         import aiohttp
 
         # As vLLM's bench serve asks: ignore_eos gives exactly max_tokens tokens (no min_tokens, whose
@@ -98,6 +100,12 @@ class HttpReplica:
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             if self._open.pop(request.request_id, None) is not None:  # not closed by abort()
                 await self._raise_if_dead(error)
+            if last is None and attempt == 0 and isinstance(error, (aiohttp.ClientOSError,
+                                                                    aiohttp.ServerDisconnectedError)):
+                # Nothing came back and the server lives: the connection was stale, send it once more.
+                async for item in self.generate(request, attempt=1):
+                    yield item
+                return
             yield Finished(request.request_id, chunks, tuple(gaps), error=f"{type(error).__name__}: {error}")
             return
         finally:

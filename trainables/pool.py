@@ -325,20 +325,25 @@ class RayReplica:
         self.handle.freeze.remote()
 
     async def kill(self) -> None:
+        """Kill the actor, and first the server it hosts, if any: a server whose actor dies is left to
+        shut its engine down on its own (or to the raylet), which can leave the engine running."""
         import ray
 
+        try:
+            await asyncio.wait_for(self.kill_server(), 5)
+        except Exception:  # noqa: BLE001 - an in-process replica has no server; a dead actor, nothing to kill
+            pass
         ray.kill(self.handle, no_restart=True)
 
     async def kill_server(self) -> None:
         await self.handle.kill_server.remote()
 
     async def shutdown(self, timeout_s: float = 60.0) -> None:
-        import ray
 
         try:
             await asyncio.wait_for(self.handle.shutdown.remote(), timeout_s)
         finally:
-            ray.kill(self.handle, no_restart=True)
+            await self.kill()
 
 
 def _create_actor(spec: EngineSpec, placement_group: Any, bundle: int, gpus: float) -> Any:

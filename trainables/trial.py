@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -130,6 +131,7 @@ class TrialRunner:
         self._began = time.perf_counter()
         self._loop = asyncio.new_event_loop()
         self._pool_factory = pool_factory
+        self._affinity: set[int] | None = None  # this process's cores before the trial moved it
 
     def _remaining_s(self) -> float | None:
         limit = self.context.trial_timeout_s
@@ -150,7 +152,7 @@ class TrialRunner:
             self.failure = f"engine failed to start: {error_line(error)}"
         self.start_s = time.perf_counter() - began
         if self.pool is not None:
-            keep_client_off_engine_cores(self.pool.info)
+            self._affinity = keep_client_off_engine_cores(self.pool.info)
 
     def next_step(self) -> dict[str, Any]:
         """Run the next load step; the result carries `done` when the trial has nothing left to do."""
@@ -273,6 +275,9 @@ class TrialRunner:
 
     def close(self) -> None:
         """Shut the pool down (always safe to call, also twice or after a failed start)."""
+        if self._affinity is not None:
+            set_process_affinity(os.getpid(), self._affinity)
+            self._affinity = None
         pool, self.pool = self.pool, None
         if self._loop.is_closed():
             return
@@ -285,15 +290,17 @@ class TrialRunner:
             self._loop.close()
 
 
-def keep_client_off_engine_cores(info: list[dict[str, Any]]) -> None:
-    """Run this process (the replay client) on cores no replica of this machine claimed, if any are left:
-    two engines, or an engine and its client, on one core measure each other."""
-    import os
-
+def keep_client_off_engine_cores(info: list[dict[str, Any]]) -> set[int] | None:
+    """Run this process (the replay client) on cores no replica of this machine claimed, if any are left
+    (two engines, or an engine and its client, on one core measure each other); returns the cores it ran
+    on before, to restore when the trial ends, or None if nothing changed."""
     claimed = {core for facts in info if facts.get("node") in (None, _node_id()) for core in facts.get("cores", ())}
-    free = os.sched_getaffinity(0) - claimed
-    if claimed and free:
-        set_process_affinity(os.getpid(), free)
+    before = os.sched_getaffinity(0)
+    free = before - claimed
+    if not (claimed and free):
+        return None
+    set_process_affinity(os.getpid(), free)
+    return before
 
 
 def _node_id() -> str | None:
@@ -317,4 +324,6 @@ def _why(summary: StepSummary) -> str:
              f"attainment {metrics.get('slo_attainment', 0):.0%}"]
     if failed:
         parts.append(f"{failed} failed requests")
+    if metrics.get("overloaded"):
+        parts.append(f"TTFT grew {metrics.get('ttft_growth', 0):.2f} s/s (not sustainable)")
     return ", ".join(parts)

@@ -101,10 +101,22 @@ def set_process_affinity(pid: int, cores: set[int] | list[int]) -> None:
             continue
 
 
+def _terminate_with_parent() -> None:
+    """In a child, before exec: receive SIGTERM when the parent (thread) that started it dies, so a server
+    whose Ray actor was killed shuts its own engine down at once (a SIGKILL would orphan the engine)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the raylet's subreaper is the fallback
+        pass
+
+
 def start_pinned(argv: list[str], cores: list[int], *, env: dict[str, str], stdout: Any) -> subprocess.Popen:
     """Start `argv` in its own process group, on `cores` from its first instruction (so every process it
     spawns, vLLM's engine core included, starts there too)."""
     def pin() -> None:
+        _terminate_with_parent()
         if cores:
             os.sched_setaffinity(0, cores)
 
@@ -120,6 +132,7 @@ class VllmEngine:
         self._engine: Any = None
         self._core_locks: list[Any] = []
         self._log_path: Path | None = None
+        self._host_affinity: set[int] | None = None
         self.info: dict[str, Any] = {}
 
     async def start(self) -> dict[str, Any]:
@@ -135,7 +148,9 @@ class VllmEngine:
             cores, self._core_locks = claim_cores(self._spec.cpu_cores)
             os.environ.update(engine_cpu_env(cores))
             self.info["cores"] = cores
-            # The engine-core process vLLM spawns inherits the spawning thread's cores.
+            # The engine-core process vLLM spawns inherits the spawning thread's cores. This process is
+            # moved back where it was when the engine shuts down (it may host other work, as in tests).
+            self._host_affinity = allowed
             os.sched_setaffinity(0, cores)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -155,8 +170,8 @@ class VllmEngine:
         finally:
             os.dup2(saved_stderr, 2)
             os.close(saved_stderr)
-            if cores:  # this process (the engine's frontend) and its client work on the other cores
-                set_process_affinity(os.getpid(), other_cores(cores, allowed))
+        if cores:  # this process (the engine's frontend) and its client work on the other cores
+            set_process_affinity(os.getpid(), other_cores(cores, allowed))
         self.info.update(pid=os.getpid(), start_s=round(time.perf_counter() - started, 2),
                          node=_ray_node_id())
         return self.info
@@ -243,6 +258,9 @@ class VllmEngine:
         self._release_cores()
 
     def _release_cores(self) -> None:
+        if self._host_affinity is not None:
+            set_process_affinity(os.getpid(), self._host_affinity)
+            self._host_affinity = None
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None
@@ -322,13 +340,26 @@ class VllmServer:
         async with aiohttp.ClientSession() as session:
             try:
                 async with session.get(f"{self.url}/health") as reply:
-                    if reply.status != 200:
+                    if reply.status != 200:  # vLLM's server answers 503 once its engine is dead
                         self._raise_if_dead()
-                        raise EngineError(f"vLLM engine died: /health answered {reply.status}")
-            except aiohttp.ClientError:
-                self._raise_if_dead()
-                raise
+                        raise EngineError(f"vLLM engine died: {self._log_reason() or 'its engine core died'} "
+                                          f"(/health answered {reply.status})")
+            except aiohttp.ClientConnectorError as error:
+                # Our own server refusing connections on loopback is going away: say why, once it has.
+                for _ in range(20):
+                    self._raise_if_dead()
+                    await asyncio.sleep(0.1)
+                raise EngineError(f"vLLM engine died: {self._log_reason() or 'its server stopped listening'} "
+                                  f"({error_line_of(error)})") from None
         return time.monotonic()
+
+    def _log_reason(self) -> str | None:
+        """The most specific error the server or its engine logged, if any."""
+        reason = _reason_from_log(self._log_path) if self._log_path is not None else None
+        if reason is None:
+            return None
+        # vLLM's "See stack trace (above) for the root cause." points at a log nobody will see here.
+        return re.sub(r"\.?\s*See stack trace.*$", "", reason).rstrip(". ") or None
 
     def _raise_if_dead(self) -> None:
         process = self._process
@@ -336,8 +367,7 @@ class VllmServer:
             code = process.returncode
             how = f"killed by signal {-code}" + (" (SIGKILL: out of memory?)" if code == -9 else "") \
                 if code < 0 else f"exit status {code}"
-            reason = _reason_from_log(self._log_path) if self._log_path is not None else None
-            raise EngineError(f"vLLM engine died: {reason or f'the server process ended ({how})'}")
+            raise EngineError(f"vLLM engine died: {self._log_reason() or f'the server process ended ({how})'}")
 
     async def reset_prefix_cache(self) -> None:
         import aiohttp
@@ -370,22 +400,23 @@ class VllmServer:
         """Nothing to do: a client that stops reading a stream aborts its request on the server."""
 
     async def shutdown(self) -> None:
+        """Stop the server and every process of its group (its engine too), SIGKILL after 30 s."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
+        if process is not None:
+            group = process.pid
             try:
-                os.killpg(process.pid, signal.SIGCONT)  # a frozen server must run to exit cleanly
-                os.killpg(process.pid, signal.SIGTERM)
+                os.killpg(group, signal.SIGCONT)  # a frozen server must run to exit cleanly
+                os.killpg(group, signal.SIGTERM)
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + 30
-            while process.poll() is None and time.monotonic() < deadline:
+            while _group_alive(group, process) and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.wait(10)
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(10)
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None
@@ -409,6 +440,23 @@ def server_command(engine_args: dict[str, Any], port: int) -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
             "--disable-uvicorn-access-log", *serve_argv(args)]
+
+
+def error_line_of(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}"
+
+
+def _group_alive(group: int, leader: subprocess.Popen) -> bool:
+    """Whether any process of process group `group` still runs (the leader is reaped on the way)."""
+    leader.poll()
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _free_port() -> int:
@@ -444,16 +492,34 @@ def root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[-1] if lines else ''}".strip()
 
 
+_VALIDATION_HEADER = re.compile(r"\d+ validation errors? for \w+$")
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:\w+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?")
+
+
+def _strip_log_prefix(line: str) -> str:
+    return _LOG_PREFIX.sub("", line.strip()).strip()
+
+
 _ERROR_LINE = re.compile(r"^(?:.*\] )?(?:\(\w+ pid=\d+\) )?((?:\w+\.)*\w*(?:Error|Exception): .+)$")
 
 
 def _reason_from_log(path: Path) -> str | None:
-    """The last `SomethingError: message` line the engine's processes wrote, if any."""
+    """The last `SomethingError: message` line the engine's processes wrote, if any. A pydantic
+    validation error's header is followed by its first field and message, on the same line."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return None
-    reasons = [m.group(1) for line in lines if (m := _ERROR_LINE.match(line.strip()))]
+    reasons = []
+    for index, line in enumerate(lines):
+        match = _ERROR_LINE.match(line.strip())
+        if not match:
+            continue
+        reason = match.group(1)
+        if _VALIDATION_HEADER.search(reason):
+            detail = [_strip_log_prefix(x) for x in lines[index + 1: index + 3] if x.strip()]
+            reason = f"{reason}: {'; '.join(d for d in detail if d)}" if detail else reason
+        reasons.append(reason)
     generic = ("Engine core initialization failed", "RuntimeError: Engine core", "See stack trace",
                "see root cause", "initialization failed due to an exception")
     specific = [r for r in reasons if not any(g in r for g in generic)]

@@ -477,9 +477,9 @@ def startup_trials(num_samples: int) -> int:
 def make_sampler(seed: int, num_samples: int):
     """Optuna's Gaussian-process sampler (logEI, or logEHVI for several objectives).
 
-    On the recorded 32-config grid of benchmarks/search_cost.py it found a config within 5% of the best
-    in a median of 17% of the grid's engine time (with or without ASHA), against 30% for multivariate
-    TPE and 42% for random search (see the README's performance section).
+    On the 32-config grid of benchmarks/search_cost.py, recorded with the earlier fixed ladder, it found a
+    config within 5% of the best in a median of 17% of the grid's engine time (with or without ASHA),
+    against 30% for multivariate TPE and 42% for random search (docs/benchmarks.md, "Search cost").
     """
     from optuna.samplers import GPSampler
 

@@ -57,3 +57,11 @@ def test_vllm_defaults_are_the_baseline():
                              ["max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"])
     assert defaults["max_num_seqs"] >= 1 and defaults["max_num_batched_tokens"] >= 1
     assert isinstance(defaults["enable_prefix_caching"], bool)
+
+
+def test_a_failed_start_leaves_this_process_on_the_cores_it_had():
+    import os
+
+    before = os.sched_getaffinity(0)
+    _start("in-process", max_model_len=1024, max_num_batched_tokens=0)
+    assert os.sched_getaffinity(0) == before

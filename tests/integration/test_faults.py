@@ -53,6 +53,7 @@ def _run_trial(context: TrialContext, params: dict) -> dict:
     try:
         assert runner.failure is None, runner.failure
         result = runner.next_step()
+        result["_errors"] = sorted({r.error for r in runner.last_records if r.error})
         result["_declarations"] = list(runner.pool.declarations)
         result["_replacements"] = runner.pool.replacements_started
         return result
@@ -74,7 +75,7 @@ def test_a_real_fault_is_detected_in_time_and_loses_no_request(ray_local, kind):
     assert result["replica_failures"] >= 1 and result["detection_s"] == pytest.approx(faulty[0].detection_s)
     assert result["retried_requests"] >= 1, "requests caught on the faulty replica were retried"
     assert result["lost_requests"] == 0
-    assert result["failed_requests"] == 0, "retries on the healthy replica completed every request"
+    assert result["failed_requests"] == 0, f"retries on the healthy replica complete every request: {result['_errors']}"
     assert result["_replacements"] >= 1
     assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
 
@@ -115,7 +116,8 @@ def test_an_engine_that_dies_on_its_own_makes_the_trial_infeasible_with_the_reas
         timer.start()
         result = runner.next_step()
         timer.join()
-        assert result["trial_status"] == "infeasible" and result["done"]
+        assert result["trial_status"] == "infeasible" and result["done"], (result["status_reason"],
+                                                                            runner.pool.declarations)
         reason = result["status_reason"]
         assert reason.startswith("replica 0 crashed during step 1 (no fault was injected): vLLM engine died: "), \
             reason

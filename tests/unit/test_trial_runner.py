@@ -236,3 +236,25 @@ def test_the_trials_server_runs_the_options_a_deployment_runs_on_loopback():
     # The server tokenizes and detokenizes as in production, and picks its own executor.
     assert "skip-tokenizer-init" not in joined and "distributed-executor-backend" not in joined
     assert "disable-log-stats" not in joined, "vLLM's server has no --no-disable-log-stats flag"
+
+
+def test_the_client_runs_off_the_engines_cores_during_the_trial_only():
+    import os
+
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("needs two cores to move the client off the engine's")
+    engine_core = min(before)
+
+    async def make(spec, replicas, health):
+        engine = StandInEngine()
+        await engine.start()
+        return EnginePool([engine], [{"cores": [engine_core]}])
+
+    runner = TrialRunner(_context(plan=PLAN_1S), {}, make)
+    runner.start()
+    try:
+        assert os.sched_getaffinity(0) == before - {engine_core}
+    finally:
+        runner.close()
+    assert os.sched_getaffinity(0) == before, "a trial must leave the process where it found it"
