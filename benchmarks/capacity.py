@@ -9,9 +9,10 @@ get the load it is offered?
   a fresh engine each time, with the full measurement settings (`--settings full`: 200 measured requests
   and 20 s per step, 10% resolution) or the embedded demo's (`--settings demo`), and reports the
   coefficient of variation of the capacity.
-- `fidelity` measures two configs both ways, interleaved: the tool's trial (a vLLM engine in a Ray actor,
-  in-process `AsyncLLM`), and the peer: vLLM's OpenAI server started from the `vllm-serve.yaml` the
-  exporter writes for the same config, driven by `vllm bench serve --dataset-name timed_trace
+- `fidelity` measures two configs both ways, interleaved: the tool's trial (each serving given by
+  `--servings`: vLLM's OpenAI server driven over HTTP by the tool's replay client, the default, and an
+  in-process `AsyncLLM` in a Ray actor), and the peer: vLLM's OpenAI server started from the
+  `vllm-serve.yaml` the exporter writes for the same config, driven by `vllm bench serve --dataset-name timed_trace
   --self-timed`, replaying the same step samples at the same rates, judged with the same SLO rule and
   searched with the same capacity planner. Goal: brackets overlap and midpoints agree within 10%.
   The server's own /metrics histograms (TTFT, end-to-end) separate server time from client time.

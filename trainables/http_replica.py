@@ -51,6 +51,7 @@ class HttpReplica:
         self.model = model
         self._session: Any = None
         self._open: dict[str, Any] = {}  # request id -> its streaming response, so abort can close it
+        self._aborted: set[str] = set()  # requests whose streams abort() closed
 
     def _client(self):
         import aiohttp
@@ -98,7 +99,7 @@ class HttpReplica:
                     elif line.startswith(b"data: [DONE]"):
                         break
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            if self._open.pop(request.request_id, None) is not None:  # not closed by abort()
+            if request.request_id not in self._aborted:  # a broken stream, or a server that refused it
                 await self._raise_if_dead(error)
             if last is None and attempt == 0 and isinstance(error, (aiohttp.ClientOSError,
                                                                     aiohttp.ServerDisconnectedError)):
@@ -110,6 +111,7 @@ class HttpReplica:
             return
         finally:
             self._open.pop(request.request_id, None)
+            self._aborted.discard(request.request_id)
         produced = chunks if produced is None else produced
         # Tokens that arrive in one chunk arrived together: their gaps are 0, as in-process.
         gaps.extend([0.0] * max(0, produced - 1 - len(gaps)))
@@ -132,6 +134,7 @@ class HttpReplica:
         for request_id in request_ids:
             reply = self._open.pop(request_id, None)
             if reply is not None:
+                self._aborted.add(request_id)
                 reply.close()
 
     async def reset_prefix_cache(self) -> None:

@@ -299,17 +299,19 @@ class VllmServer:
         port = _free_port()
         argv = server_command(self._spec.engine_args, port)
         self._log_path = Path(tempfile.mkstemp(prefix="vllm-tuner-server-", suffix=".log")[1])
-        with open(self._log_path, "w") as log:
-            self._process = start_pinned(argv, cores, env=env, stdout=log)
+        with open(self._log_path, "w") as log:  # the guard leads the group and outlives nothing of it
+            self._process = start_pinned([sys.executable, str(Path(__file__).with_name("server_guard.py")),
+                                          *argv], cores, env=env, stdout=log)
         self.url = f"http://127.0.0.1:{port}"
         try:
             await self._wait_ready(timeout_s)
         except BaseException:
             await self.shutdown()
             raise
+        server_pid = (_children(self._process.pid) or [self._process.pid])[0]
         if cores:  # the API server works on the other cores; its engine-core child stays on the claimed ones
-            set_process_affinity(self._process.pid, other_cores(cores))
-        self.info.update(url=self.url, pid=os.getpid(), server_pid=self._process.pid,
+            set_process_affinity(server_pid, other_cores(cores))
+        self.info.update(url=self.url, pid=os.getpid(), server_pid=server_pid, group=self._process.pid,
                          start_s=round(time.perf_counter() - started, 2), node=_ray_node_id())
         return self.info
 
@@ -445,6 +447,15 @@ def server_command(engine_args: dict[str, Any], port: int) -> list[str]:
 def error_line_of(error: BaseException) -> str:
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[-1] if lines else ''}"
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of `pid`'s child processes."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(c) for c in children.read().split()]
+    except OSError:
+        return []
 
 
 def _group_alive(group: int, leader: subprocess.Popen) -> bool:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from helpers import ENGINE_PATTERN, leftover_processes
@@ -12,6 +16,7 @@ from tuner.errors import EngineError
 from tuner.tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["openai-server", "in-process"])
@@ -65,3 +70,28 @@ def test_a_failed_start_leaves_this_process_on_the_cores_it_had():
     before = os.sched_getaffinity(0)
     _start("in-process", max_model_len=1024, max_num_batched_tokens=0)
     assert os.sched_getaffinity(0) == before
+
+
+_STARTER = """
+import asyncio, sys
+from trainables.vllm_engine import EngineSpec, VllmServer
+from tuner.tiny_model import ensure_tiny_model
+args = {"model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "enforce_eager": True}
+asyncio.run(VllmServer(EngineSpec(engine_args=args, serving="openai-server")).start())
+"""
+
+
+def test_a_server_whose_starter_is_killed_mid_start_leaves_no_engine_behind():
+    # A search killed while a trial starts its engines: the server is still starting (vLLM's server then
+    # exits on SIGTERM without stopping its engine core); nothing of it may outlive its starter.
+    starter = subprocess.Popen([sys.executable, "-c", _STARTER], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    engine = ""
+    while not engine and time.monotonic() < deadline and starter.poll() is None:
+        time.sleep(0.2)
+        engine = subprocess.run(["pgrep", "-f", "EngineCore"], capture_output=True, text=True).stdout
+    assert engine, "the engine core started"
+    starter.kill()
+    starter.wait(10)
+    assert leftover_processes(wait_s=40, pattern=ENGINE_PATTERN) == []

@@ -69,7 +69,7 @@ def test_a_real_fault_is_detected_in_time_and_loses_no_request(ray_local, kind):
                                   "failure_threshold": threshold})
     declarations = result["_declarations"]
     faulty = [d for d in declarations if d.fault_at is not None]
-    assert len(faulty) == 1 and faulty[0].replica == 0
+    assert len(faulty) == 1 and faulty[0].replica == 0, (declarations, result["status_reason"], result["_errors"])
     bound = period * threshold + timeout
     assert 0 < faulty[0].detection_s <= bound + 0.5, (faulty[0].detection_s, bound)
     assert result["replica_failures"] >= 1 and result["detection_s"] == pytest.approx(faulty[0].detection_s)
@@ -103,7 +103,7 @@ def test_an_engine_that_dies_on_its_own_makes_the_trial_infeasible_with_the_reas
 
     context = _context(plan=_plan(1.0, 1.5), slo="e2e:p99<60s")
     runner = TrialRunner(context, {"num_replicas": 2, "max_num_seqs": 16, "max_num_batched_tokens": 512,
-                                   "heartbeat_period_s": 0.5, "heartbeat_timeout_s": 2.0,
+                                   "heartbeat_period_s": 0.5, "heartbeat_timeout_s": 5.0,
                                    "failure_threshold": 2}, factory)
     runner.start()
     try:
@@ -122,7 +122,9 @@ def test_an_engine_that_dies_on_its_own_makes_the_trial_infeasible_with_the_reas
         assert reason.startswith("replica 0 crashed during step 1 (no fault was injected): vLLM engine died: "), \
             reason
         assert "signal 9" in reason or "Error" in reason, reason
-        assert runner.pool.declarations and runner.pool.declarations[0].crashed
+        # Replica 1 may be declared too (all retries at once can keep it from answering a ping in time).
+        declared = [d for d in runner.pool.declarations if d.replica == 0]
+        assert declared and declared[0].crashed, runner.pool.declarations
     finally:
         runner.close()
     assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []

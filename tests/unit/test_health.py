@@ -54,7 +54,8 @@ def test_a_faulty_replica_is_declared_within_the_bound_replaced_and_nothing_is_l
     assert declaration.replica == 0 and declaration.fault_at is not None
     bound = policy.period_s * policy.failure_threshold + policy.timeout_s
     assert 0 < declaration.detection_s <= bound + 0.15
-    assert made, "a replacement was started" and pool.alive == [True, True]
+    assert made, "a replacement was started"
+    assert pool.alive == [True, True], "the replacement took the dead replica's place"
     # Every request completed; those caught on the faulty replica were retried elsewhere.
     assert all(r.ok for r in records), [r.error for r in records if not r.ok]
     assert any(r.retries for r in records)
