@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LEAK_PATTERN = "VLLM::EngineCore|VLLM::Worker|EngineCore|vllm.entrypoints.openai.api_server|server_guard.py|ray::|raylet|gcs_server"
 ENGINE_PATTERN = "VLLM::EngineCore|VLLM::Worker|EngineCore|vllm.entrypoints.openai.api_server|server_guard.py"
+LEAK_PATTERN = ENGINE_PATTERN + "|ray::|raylet|gcs_server"
 
 
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
