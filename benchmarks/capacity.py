@@ -48,12 +48,21 @@ OUT = ROOT / "reports" / "benchmarks"
 RESULTS = OUT / "capacity.json"
 SHARED = ROOT.parent / "shared" / "traces"
 # The measurement settings a careful user runs (the README's "full settings"), and the demo's.
-FULL = {"capacity.tail_requests": 10, "capacity.min_window_s": 20, "capacity.resolution": 0.1,
-        "capacity.warmup_requests": 20, "capacity.deadline_s": 15}
+FULL = {
+    "capacity.tail_requests": 10,
+    "capacity.min_window_s": 20,
+    "capacity.resolution": 0.1,
+    "capacity.warmup_requests": 20,
+    "capacity.deadline_s": 15,
+}
 FIDELITY_CONFIGS = {
     "vllm-defaults": None,  # the search's baseline, resolved by `prepare`
-    "small-batch": {"max_num_seqs": 16, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.9,
-                    "num_replicas": 1},
+    "small-batch": {
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 256,
+        "gpu_memory_utilization": 0.9,
+        "num_replicas": 1,
+    },
 }
 
 
@@ -77,12 +86,25 @@ def _save(section: str, payload: dict[str, Any]) -> None:
 
 
 def _trial_summary(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"capacity": entry.get("capacity_rps_per_accel"), "hi": entry.get("capacity_hi_rps_per_accel"),
-            "censored": entry.get("capacity_censored"), "steps": len(entry["steps"]), "wall_s": entry["wall_s"],
-            "start_s": entry["start_s"], "reason": entry["status_reason"],
-            "loads": [(round(s["load_factor"], 4), round(s["arrival_rps"], 3), bool(s["slo_pass"]),
-                       round(s["slo_headroom"], 3), round(s.get("ttft_growth", float("nan")), 4))
-                      for s in entry["steps"]]}
+    return {
+        "capacity": entry.get("capacity_rps_per_accel"),
+        "hi": entry.get("capacity_hi_rps_per_accel"),
+        "censored": entry.get("capacity_censored"),
+        "steps": len(entry["steps"]),
+        "wall_s": entry["wall_s"],
+        "start_s": entry["start_s"],
+        "reason": entry["status_reason"],
+        "loads": [
+            (
+                round(s["load_factor"], 4),
+                round(s["arrival_rps"], 3),
+                bool(s["slo_pass"]),
+                round(s["slo_headroom"], 3),
+                round(s.get("ttft_growth", float("nan")), 4),
+            )
+            for s in entry["steps"]
+        ],
+    }
 
 
 # ------------------------------------------------------------------------------------ repeatability
@@ -108,13 +130,26 @@ def repeatability(args: argparse.Namespace) -> None:
     cv = statistics.stdev(capacities) / statistics.fmean(capacities) if len(capacities) > 1 else 0.0
     his = [r["hi"] for r in runs if r["hi"]]
     print(f"capacity {capacities}: mean {statistics.fmean(capacities):.2f}, CV {cv:.1%}", flush=True)
-    _save(f"repeatability_{args.settings}", {
-        "params": params, "settings": args.settings, "overrides": _settings(args.settings),
-        "plan": dataclasses.asdict(context.plan), "repeats": args.repeats, "capacities": capacities,
-        "mean": statistics.fmean(capacities), "cv": cv, "goal_cv": 0.05, "met": cv <= 0.05,
-        "bracket_width_mean": statistics.fmean(h / c - 1 for h, c in zip(his, capacities, strict=False) if c)
-        if his else None,
-        "mean_trial_wall_s": statistics.fmean(r["wall_s"] for r in runs), "runs": runs})
+    _save(
+        f"repeatability_{args.settings}",
+        {
+            "params": params,
+            "settings": args.settings,
+            "overrides": _settings(args.settings),
+            "plan": dataclasses.asdict(context.plan),
+            "repeats": args.repeats,
+            "capacities": capacities,
+            "mean": statistics.fmean(capacities),
+            "cv": cv,
+            "goal_cv": 0.05,
+            "met": cv <= 0.05,
+            "bracket_width_mean": statistics.fmean(h / c - 1 for h, c in zip(his, capacities, strict=False) if c)
+            if his
+            else None,
+            "mean_trial_wall_s": statistics.fmean(r["wall_s"] for r in runs),
+            "runs": runs,
+        },
+    )
 
 
 # ----------------------------------------------------------------------------------------- fidelity
@@ -124,11 +159,16 @@ def _server_metrics(url: str) -> dict[str, float]:
     """Sums and counts of the server's own latency histograms (seconds)."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
     out: dict[str, float] = {}
-    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:request_queue_time_seconds"):
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+    ):
         for part in ("sum", "count"):
-            values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}_{part}\{{[^}}]*\}} (\S+)$",
-                                                             text, re.MULTILINE)]
+            values = [
+                float(m.group(1))
+                for m in re.finditer(rf"^{re.escape(name)}_{part}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+            ]
             out[f"{name.split(':')[1]}_{part}"] = sum(values)
     return out
 
@@ -159,42 +199,76 @@ def peer_capacity(prepared, params: dict[str, Any], work: Path, *, seed: int) ->
             requests, _ = context.sample.layout(rate)
             before = _server_metrics(url)
             step_began = time.perf_counter()
-            raw = peer.bench(url, trace, len(offsets), model_path=prepared.model_path, served_name="peer",
-                             work=work, name=f"bench-{number}.json", seed=seed)
+            raw = peer.bench(
+                url,
+                trace,
+                len(offsets),
+                model_path=prepared.model_path,
+                served_name="peer",
+                work=work,
+                name=f"bench-{number}.json",
+                seed=seed,
+            )
             after = _server_metrics(url)
             recs = peer.records(raw, offsets, warmup, [r.output_tokens for r in requests])
-            summary = summarize_step(recs, slo, load_step=number, load_factor=factor, offered_rps=rate,
-                                     window_s=context.sample.window_s(rate), horizon_s=context.sustain_horizon_s,
-                                     phase=phase)
+            summary = summarize_step(
+                recs,
+                slo,
+                load_step=number,
+                load_factor=factor,
+                offered_rps=rate,
+                window_s=context.sample.window_s(rate),
+                horizon_s=context.sustain_horizon_s,
+                phase=phase,
+            )
             steps.append(summary)
             delta = {k: after[k] - before[k] for k in after}
-            server = {"server_ttft_mean_s": delta["time_to_first_token_seconds_sum"]
-                      / max(delta["time_to_first_token_seconds_count"], 1),
-                      "server_e2e_mean_s": delta["e2e_request_latency_seconds_sum"]
-                      / max(delta["e2e_request_latency_seconds_count"], 1)}
+            server = {
+                "server_ttft_mean_s": delta["time_to_first_token_seconds_sum"]
+                / max(delta["time_to_first_token_seconds_count"], 1),
+                "server_e2e_mean_s": delta["e2e_request_latency_seconds_sum"]
+                / max(delta["e2e_request_latency_seconds_count"], 1),
+            }
             ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
             e2es = [r.e2e_s for r in recs if r.e2e_s is not None]
-            server.update(client_ttft_mean_s=statistics.fmean(ttfts) if ttfts else None,
-                          client_e2e_mean_s=statistics.fmean(e2es) if e2es else None)
+            server.update(
+                client_ttft_mean_s=statistics.fmean(ttfts) if ttfts else None,
+                client_e2e_mean_s=statistics.fmean(e2es) if e2es else None,
+            )
             server_side.append(server)
-            result = {**summary.metrics, "phase": str(phase),
-                      "step_wall_s": round(time.perf_counter() - step_began, 2)}
+            result = {**summary.metrics, "phase": str(phase), "step_wall_s": round(time.perf_counter() - step_began, 2)}
             lines.append(result)
-            print("  peer" + step_line(result)[1:] + f" | server ttft mean {server['server_ttft_mean_s']:.3f}s "
-                  f"client {server['client_ttft_mean_s'] or float('nan'):.3f}s", flush=True)
+            print(
+                "  peer" + step_line(result)[1:] + f" | server ttft mean {server['server_ttft_mean_s']:.3f}s "
+                f"client {server['client_ttft_mean_s'] or float('nan'):.3f}s",
+                flush=True,
+            )
     seen = observations(steps, 1)
     found = capacity.bracket(seen)
-    carried = trial_metrics(steps, num_accelerators=1, penalty_latency_s=context.penalty_latency_s,
-                            ref_records=None)
-    return {"capacity": found.capacity, "hi": found.hi, "censored": found.censored,
-            "reason": capacity.describe(found, capacity.limit(context.plan, seen), context.plan,
-                                        reference_rps=context.reference_rps),
-            "steps": len(steps), "start_s": round(start_s, 2), "wall_s": round(time.perf_counter() - began, 2),
-            "capacity_metrics": carried,
-            "loads": [(round(s.load_factor, 4), round(s.arrival_rps, 3), s.passed,
-                       round(s.metrics["slo_headroom"], 3), round(s.metrics.get("ttft_growth", float("nan")), 4))
-                      for s in steps],
-            "server_side": server_side}
+    carried = trial_metrics(steps, num_accelerators=1, penalty_latency_s=context.penalty_latency_s, ref_records=None)
+    return {
+        "capacity": found.capacity,
+        "hi": found.hi,
+        "censored": found.censored,
+        "reason": capacity.describe(
+            found, capacity.limit(context.plan, seen), context.plan, reference_rps=context.reference_rps
+        ),
+        "steps": len(steps),
+        "start_s": round(start_s, 2),
+        "wall_s": round(time.perf_counter() - began, 2),
+        "capacity_metrics": carried,
+        "loads": [
+            (
+                round(s.load_factor, 4),
+                round(s.arrival_rps, 3),
+                s.passed,
+                round(s.metrics["slo_headroom"], 3),
+                round(s.metrics.get("ttft_growth", float("nan")), 4),
+            )
+            for s in steps
+        ],
+        "server_side": server_side,
+    }
 
 
 def _midpoint(run: dict[str, Any]) -> float:
@@ -208,8 +282,9 @@ def fidelity(args: argparse.Namespace) -> None:
     sides = [f"tool:{s}" for s in servings] + ["peer"]
     prepared = _prepared(_settings(args.settings))
     configs = {name: dict(params or prepared.baseline) for name, params in FIDELITY_CONFIGS.items()}
-    rows: dict[str, dict[str, Any]] = {name: {"params": p, **{side: [] for side in sides}}
-                                       for name, p in configs.items()}
+    rows: dict[str, dict[str, Any]] = {
+        name: {"params": p, **{side: [] for side in sides}} for name, p in configs.items()
+    }
     with tempfile.TemporaryDirectory(prefix="vllm-tuner-capacity-") as tmp:
         for repeat in range(args.repeats):
             for name, params in configs.items():
@@ -220,8 +295,12 @@ def fidelity(args: argparse.Namespace) -> None:
                     context = dataclasses.replace(context, serving=serving)
                     start_local_ray()
                     try:
-                        entry = run_trial(context, params, f"fid-{name}-{serving}-{repeat}",
-                                          on_step=lambda r: print(step_line(r), flush=True))
+                        entry = run_trial(
+                            context,
+                            params,
+                            f"fid-{name}-{serving}-{repeat}",
+                            on_step=lambda r: print(step_line(r), flush=True),
+                        )
                     finally:
                         stop_ray()
                     rows[name][f"tool:{serving}"].append(_trial_summary(entry))
@@ -242,15 +321,32 @@ def fidelity(args: argparse.Namespace) -> None:
             tool_lo, tool_hi = min(r["capacity"] for r in runs), max(r["hi"] or r["capacity"] for r in runs)
             overlap = tool_lo <= peer_hi and peer_lo <= tool_hi
             verdicts.setdefault(name, {})[serving] = {
-                "tool_midpoint": tool_mid, "peer_midpoint": peer_mid, "ratio": tool_mid / peer_mid,
-                "tool_range": [tool_lo, tool_hi], "peer_range": [peer_lo, peer_hi], "brackets_overlap": overlap,
-                "midpoints_within_10pct": abs(tool_mid / peer_mid - 1) <= 0.10}
-            print(f"{name} ({serving}): tool {tool_mid:.2f} [{tool_lo:.2f}-{tool_hi:.2f}], peer {peer_mid:.2f} "
-                  f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}", flush=True)
-    _save(f"fidelity_{args.settings}", {"settings": args.settings, "overrides": _settings(args.settings),
-                                        "plan": dataclasses.asdict(trial_context(prepared).plan),
-                                        "slo": prepared.config.slo, "repeats": args.repeats, "servings": servings,
-                                        "configs": rows, "verdicts": verdicts})
+                "tool_midpoint": tool_mid,
+                "peer_midpoint": peer_mid,
+                "ratio": tool_mid / peer_mid,
+                "tool_range": [tool_lo, tool_hi],
+                "peer_range": [peer_lo, peer_hi],
+                "brackets_overlap": overlap,
+                "midpoints_within_10pct": abs(tool_mid / peer_mid - 1) <= 0.10,
+            }
+            print(
+                f"{name} ({serving}): tool {tool_mid:.2f} [{tool_lo:.2f}-{tool_hi:.2f}], peer {peer_mid:.2f} "
+                f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}",
+                flush=True,
+            )
+    _save(
+        f"fidelity_{args.settings}",
+        {
+            "settings": args.settings,
+            "overrides": _settings(args.settings),
+            "plan": dataclasses.asdict(trial_context(prepared).plan),
+            "slo": prepared.config.slo,
+            "repeats": args.repeats,
+            "servings": servings,
+            "configs": rows,
+            "verdicts": verdicts,
+        },
+    )
     _plot_fidelity(rows, sides)
 
 
@@ -264,7 +360,7 @@ def _plot_fidelity(rows: dict[str, Any], sides: list[str]) -> None:
     y = 0
     labels = []
     for name, row in rows.items():
-        for side, color in zip(sides, ("tab:blue", "tab:green", "tab:orange")[-len(sides):], strict=False):
+        for side, color in zip(sides, ("tab:blue", "tab:green", "tab:orange")[-len(sides) :], strict=False):
             for run in row[side]:
                 hi = run["hi"] or run["capacity"]
                 ax.plot([run["capacity"], hi], [y, y], color=color, linewidth=4, solid_capstyle="butt")
@@ -289,8 +385,26 @@ def _gamma_trace(path: Path) -> None:
     from tuner.config import BUNDLED_WORKLOAD
     from tuner.workload.cli import workload as cli  # the tool's own `workload synth`
 
-    result = CliRunner().invoke(cli, ["synth", "--from", str(BUNDLED_WORKLOAD), "--arrivals", "gamma", "--cv", "4",
-                                      "--rate", "5", "--count", "600", "--seed", "3", "--out", str(path)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "synth",
+            "--from",
+            str(BUNDLED_WORKLOAD),
+            "--arrivals",
+            "gamma",
+            "--cv",
+            "4",
+            "--rate",
+            "5",
+            "--count",
+            "600",
+            "--seed",
+            "3",
+            "--out",
+            str(path),
+        ],
+    )
     if result.exit_code != 0:
         raise SystemExit(f"workload synth failed: {result.output}")
 
@@ -303,9 +417,16 @@ def bursty(args: argparse.Namespace) -> None:
         gamma = Path(tmp) / "gamma-cv4.jsonl"
         _gamma_trace(gamma)
         traces = {
-            "burstgpt": {"workload.path": str(SHARED / "BurstGPT_1.first400.csv"), "workload.format": "burstgpt",
-                         "workload.transforms": {"target_rate_rps": 5.0, "max_model_len": 2048, "prompt_scale": 0.25,
-                                                 "output_scale": 0.25}},
+            "burstgpt": {
+                "workload.path": str(SHARED / "BurstGPT_1.first400.csv"),
+                "workload.format": "burstgpt",
+                "workload.transforms": {
+                    "target_rate_rps": 5.0,
+                    "max_model_len": 2048,
+                    "prompt_scale": 0.25,
+                    "output_scale": 0.25,
+                },
+            },
             "gamma_cv4": {"workload.path": str(gamma)},
         }
         start_local_ray()
@@ -313,21 +434,38 @@ def bursty(args: argparse.Namespace) -> None:
             for name, overrides in traces.items():
                 prepared = _prepared(overrides)
                 context = trial_context(prepared)
-                entry = run_trial(context, dict(prepared.baseline), f"bursty-{name}",
-                                  on_step=lambda r: print(step_line(r), flush=True))
+                entry = run_trial(
+                    context,
+                    dict(prepared.baseline),
+                    f"bursty-{name}",
+                    on_step=lambda r: print(step_line(r), flush=True),
+                )
                 steps = entry["steps"]
                 errors = [abs(s["arrival_rps"] / s["offered_rps"] - 1) for s in steps]
-                rows[name] = {"trace": str(overrides["workload.path"]).replace(str(ROOT.parent), ".."),
-                              "reference_rps": prepared.reference_rps, "sample": prepared.sample.describe(),
-                              "steps": [{"load_factor": s["load_factor"], "offered_rps": s["offered_rps"],
-                                         "arrival_rps": s["arrival_rps"], "measured_requests": s["measured_requests"],
-                                         "slo_pass": s["slo_pass"]} for s in steps],
-                              "max_arrival_error": max(errors),
-                              "empty_steps": sum(1 for s in steps if s["measured_requests"] == 0),
-                              "met": max(errors) <= 0.05 and all(s["measured_requests"] > 0 for s in steps),
-                              "capacity": _trial_summary(entry)}
-                print(f"{name}: max |arrival/offered - 1| = {max(errors):.2%} over {len(steps)} steps; "
-                      f"{entry['status_reason']}", flush=True)
+                rows[name] = {
+                    "trace": str(overrides["workload.path"]).replace(str(ROOT.parent), ".."),
+                    "reference_rps": prepared.reference_rps,
+                    "sample": prepared.sample.describe(),
+                    "steps": [
+                        {
+                            "load_factor": s["load_factor"],
+                            "offered_rps": s["offered_rps"],
+                            "arrival_rps": s["arrival_rps"],
+                            "measured_requests": s["measured_requests"],
+                            "slo_pass": s["slo_pass"],
+                        }
+                        for s in steps
+                    ],
+                    "max_arrival_error": max(errors),
+                    "empty_steps": sum(1 for s in steps if s["measured_requests"] == 0),
+                    "met": max(errors) <= 0.05 and all(s["measured_requests"] > 0 for s in steps),
+                    "capacity": _trial_summary(entry),
+                }
+                print(
+                    f"{name}: max |arrival/offered - 1| = {max(errors):.2%} over {len(steps)} steps; "
+                    f"{entry['status_reason']}",
+                    flush=True,
+                )
         finally:
             stop_ray()
     _save("bursty", {"goal": "every step's arrival_rps within 5% of offered_rps, no empty step", "traces": rows})
@@ -347,8 +485,11 @@ def main() -> None:
     fid = commands.add_parser("fidelity", help="tool vs vLLM's server + bench serve, two configs")
     fid.add_argument("--repeats", type=int, default=2)
     fid.add_argument("--settings", choices=("full", "demo"), default="full")
-    fid.add_argument("--servings", default="openai-server,in-process",
-                     help="how the tool serves its replicas, comma-separated (default: both)")
+    fid.add_argument(
+        "--servings",
+        default="openai-server,in-process",
+        help="how the tool serves its replicas, comma-separated (default: both)",
+    )
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
     args = parser.parse_args()
     {"repeatability": repeatability, "fidelity": fidelity, "bursty": bursty}[args.command](args)

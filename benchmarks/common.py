@@ -27,15 +27,26 @@ def stop_ray() -> None:
     ray.shutdown()
 
 
-def run_trial(context: TrialContext, params: dict[str, Any], trial_id: str,
-              on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_trial(
+    context: TrialContext,
+    params: dict[str, Any],
+    trial_id: str,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """One trial of `params` on a fresh pool (Ray must be running): every step's result, timings, outcome."""
     from trainables.pool import start_ray_pool
     from trainables.trial import TrialRunner
 
     async def factory(spec, replicas, health):
-        return await start_ray_pool(spec, replicas, placement_group=None, first_bundle=0,
-                                    start_timeout_s=context.start_timeout_s, health=health, replace=True)
+        return await start_ray_pool(
+            spec,
+            replicas,
+            placement_group=None,
+            first_bundle=0,
+            start_timeout_s=context.start_timeout_s,
+            health=health,
+            replace=True,
+        )
 
     runner = TrialRunner(context, params, factory, trial_id=trial_id)
     began = time.perf_counter()
@@ -55,12 +66,26 @@ def run_trial(context: TrialContext, params: dict[str, Any], trial_id: str,
         runner.close()
         teardown_s = time.perf_counter() - closing
     last = steps[-1]
-    return {"params": params, "start_s": round(runner.start_s, 3), "steps": steps,
-            "teardown_s": round(teardown_s, 3), "wall_s": round(time.perf_counter() - began, 3),
-            "status": last["trial_status"], "status_reason": last["status_reason"],
-            **{k: last[k] for k in ("capacity_rps_per_accel", "capacity_lo_rps_per_accel", "capacity_censored",
-                                    "capacity_inconsistent") if k in last},
-            "capacity_hi_rps_per_accel": last.get("capacity_hi_rps_per_accel")}
+    return {
+        "params": params,
+        "start_s": round(runner.start_s, 3),
+        "steps": steps,
+        "teardown_s": round(teardown_s, 3),
+        "wall_s": round(time.perf_counter() - began, 3),
+        "status": last["trial_status"],
+        "status_reason": last["status_reason"],
+        **{
+            k: last[k]
+            for k in (
+                "capacity_rps_per_accel",
+                "capacity_lo_rps_per_accel",
+                "capacity_censored",
+                "capacity_inconsistent",
+            )
+            if k in last
+        },
+        "capacity_hi_rps_per_accel": last.get("capacity_hi_rps_per_accel"),
+    }
 
 
 def step_line(result: dict[str, Any]) -> str:
@@ -68,10 +93,12 @@ def step_line(result: dict[str, Any]) -> str:
     if result.get("trial_status") == "infeasible":
         return f"  infeasible: {result.get('status_reason', '')}"
     verdict = "pass" if result.get("slo_pass") else "FAIL"
-    return (f"  step {int(result['load_step'])} {result.get('phase', '')} {result['load_factor']:.3g}x "
-            f"{result['arrival_rps']:.2f} rps: {verdict} headroom {result['slo_headroom']:.2f} ttft p95 "
-            f"{result.get('ttft_p95_s', float('nan')):.3f}s tpot p95 {result.get('tpot_p95_s', float('nan')):.4f}s "
-            f"growth {result.get('ttft_growth', float('nan')):.3f} wall {result['step_wall_s']:.1f}s")
+    return (
+        f"  step {int(result['load_step'])} {result.get('phase', '')} {result['load_factor']:.3g}x "
+        f"{result['arrival_rps']:.2f} rps: {verdict} headroom {result['slo_headroom']:.2f} ttft p95 "
+        f"{result.get('ttft_p95_s', float('nan')):.3f}s tpot p95 {result.get('tpot_p95_s', float('nan')):.4f}s "
+        f"growth {result.get('ttft_growth', float('nan')):.3f} wall {result['step_wall_s']:.1f}s"
+    )
 
 
 def machine() -> dict[str, Any]:

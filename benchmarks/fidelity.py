@@ -34,14 +34,26 @@ import peer  # noqa: E402
 
 OUT = ROOT / "reports" / "benchmarks"
 CONFIG = ROOT / "examples" / "default.yaml"
-PARAMS = {"max_num_seqs": 16, "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.9,
-          "enable_chunked_prefill": True, "enable_prefix_caching": True}
+PARAMS = {
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 512,
+    "gpu_memory_utilization": 0.9,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+}
 # (tool metric, bench metric, scale to seconds) compared side by side
-PAIRS = [("request_rate_rps", "request_throughput", 1.0), ("output_tok_s", "output_throughput", 1.0),
-         *[(f"ttft_{s}_s", f"{b}_ttft_ms", 1e-3) for s, b in
-           (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))],
-         *[(f"tpot_{s}_s", f"{b}_tpot_ms", 1e-3) for s, b in
-           (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))]]
+PAIRS = [
+    ("request_rate_rps", "request_throughput", 1.0),
+    ("output_tok_s", "output_throughput", 1.0),
+    *[
+        (f"ttft_{s}_s", f"{b}_ttft_ms", 1e-3)
+        for s, b in (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))
+    ],
+    *[
+        (f"tpot_{s}_s", f"{b}_tpot_ms", 1e-3)
+        for s, b in (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))
+    ],
+]
 
 
 def _prepared():
@@ -66,14 +78,21 @@ def tool_side(prepared, repeats: int) -> list[dict[str, float]]:
 
     workload = prepared.workload
     context = dataclasses.replace(
-        trial_context(prepared), sample=whole_trace(workload), reference_rps=workload.mean_rate_rps,
-        plan=CapacityPlan(start_factor=1.0, max_factor=1.0, min_factor=1.0), deadline_s=120.0,
-        sustain_horizon_s=None, slo="e2e:p99<600s", trial_timeout_s=None)
+        trial_context(prepared),
+        sample=whole_trace(workload),
+        reference_rps=workload.mean_rate_rps,
+        plan=CapacityPlan(start_factor=1.0, max_factor=1.0, min_factor=1.0),
+        deadline_s=120.0,
+        sustain_horizon_s=None,
+        slo="e2e:p99<600s",
+        trial_timeout_s=None,
+    )
     start_ray(None)
 
     async def factory(spec, replicas, health):
-        return await start_ray_pool(spec, replicas, placement_group=None, first_bundle=0,
-                                    start_timeout_s=context.start_timeout_s, health=health)
+        return await start_ray_pool(
+            spec, replicas, placement_group=None, first_bundle=0, start_timeout_s=context.start_timeout_s, health=health
+        )
 
     runs = []
     try:
@@ -90,11 +109,15 @@ def tool_side(prepared, repeats: int) -> list[dict[str, float]]:
             completed = [r for r in records if r.ok]
             span = max(r.finished_s for r in completed)  # from the step's start, as bench serve counts
             run = {k: float(result[k]) for k, _, _ in PAIRS if k in result}
-            run.update(request_rate_rps=len(completed) / span,
-                       output_tok_s=sum(r.output_tokens for r in completed) / span,
-                       reported_achieved_rps=float(result["achieved_rps"]),
-                       reported_output_tok_s=float(result["output_tok_s"]),
-                       completed=len(completed), requests=len(records), duration_s=span)
+            run.update(
+                request_rate_rps=len(completed) / span,
+                output_tok_s=sum(r.output_tokens for r in completed) / span,
+                reported_achieved_rps=float(result["achieved_rps"]),
+                reported_output_tok_s=float(result["output_tok_s"]),
+                completed=len(completed),
+                requests=len(records),
+                duration_s=span,
+            )
             runs.append(run)
             print(f"tool run {repeat + 1}: {_brief(run)}", flush=True)
     finally:
@@ -116,24 +139,50 @@ def vllm_side(prepared, repeats: int, work: Path) -> tuple[list[dict[str, float]
         for repeat in range(repeats):
             # Fresh prompt ids per repeat: a second replay of the same ids would hit the prefix cache.
             trace = work / f"trace-{repeat}.jsonl"
-            peer.write_timed_trace(whole_trace(prepared.workload), prepared.workload.mean_rate_rps, trace,
-                                   step=repeat)
+            peer.write_timed_trace(whole_trace(prepared.workload), prepared.workload.mean_rate_rps, trace, step=repeat)
             name = f"bench-{repeat + 1}.json"
-            command = [sys.executable, str(Path(__file__).resolve()), "_bench",
-                       "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--endpoint",
-                       "/v1/completions", "--model", "peer", "--tokenizer", prepared.model_path,
-                       "--dataset-name", "timed_trace", "--dataset-path", str(trace), "--self-timed",
-                       "--num-prompts", str(len(prepared.workload.requests)), "--temperature", "0",
-                       "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
-                       "--save-result", "--result-dir", str(work), "--result-filename", name, "--disable-tqdm",
-                       "--seed", str(repeat + 1)]
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "_bench",
+                "--backend",
+                "vllm",
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                "--endpoint",
+                "/v1/completions",
+                "--model",
+                "peer",
+                "--tokenizer",
+                prepared.model_path,
+                "--dataset-name",
+                "timed_trace",
+                "--dataset-path",
+                str(trace),
+                "--self-timed",
+                "--num-prompts",
+                str(len(prepared.workload.requests)),
+                "--temperature",
+                "0",
+                "--percentile-metrics",
+                "ttft,tpot,itl,e2el",
+                "--metric-percentiles",
+                "50,90,95,99",
+                "--save-result",
+                "--result-dir",
+                str(work),
+                "--result-filename",
+                name,
+                "--disable-tqdm",
+                "--seed",
+                str(repeat + 1),
+            ]
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"vllm bench serve failed: {done.stderr.strip().splitlines()[-1:]}")
             raw = json.loads((work / name).read_text())
             run = {tool: float(raw[bench]) * scale for tool, bench, scale in PAIRS}
-            run.update(completed=raw["completed"], requests=len(prepared.workload.requests),
-                       duration_s=raw["duration"])
+            run.update(completed=raw["completed"], requests=len(prepared.workload.requests), duration_s=raw["duration"])
             runs.append(run)
             print(f"vllm bench run {repeat + 1}: {_brief(run)}", flush=True)
     return runs, serve_config
@@ -143,10 +192,12 @@ def vllm_side(prepared, repeats: int, work: Path) -> tuple[list[dict[str, float]
 
 
 def _brief(run: dict[str, float]) -> str:
-    return (f"{run['request_rate_rps']:.2f} req/s, {run['output_tok_s']:.0f} tok/s, TTFT p50 "
-            f"{1000 * run['ttft_p50_s']:.0f} ms p99 {1000 * run['ttft_p99_s']:.0f} ms, TPOT p50 "
-            f"{1000 * run['tpot_p50_s']:.1f} ms p99 {1000 * run['tpot_p99_s']:.1f} ms "
-            f"({run['completed']}/{run['requests']} completed)")
+    return (
+        f"{run['request_rate_rps']:.2f} req/s, {run['output_tok_s']:.0f} tok/s, TTFT p50 "
+        f"{1000 * run['ttft_p50_s']:.0f} ms p99 {1000 * run['ttft_p99_s']:.0f} ms, TPOT p50 "
+        f"{1000 * run['tpot_p50_s']:.1f} ms p99 {1000 * run['tpot_p99_s']:.1f} ms "
+        f"({run['completed']}/{run['requests']} completed)"
+    )
 
 
 def _spread(values: list[float]) -> float:
@@ -163,10 +214,15 @@ def compare(tool: list[dict[str, float]], bench: list[dict[str, float]]) -> dict
         ratio = statistics.fmean(t) / statistics.fmean(b)
         spread = max(_spread(t), _spread(b))
         allowed = max(0.05, 2 * spread)
-        rows[metric] = {"tool_mean": statistics.fmean(t), "vllm_bench_mean": statistics.fmean(b),
-                        "ratio": round(ratio, 4), "tool_spread": round(_spread(t), 4),
-                        "vllm_bench_spread": round(_spread(b), 4), "allowed": round(allowed, 4),
-                        "within": abs(ratio - 1) <= allowed}
+        rows[metric] = {
+            "tool_mean": statistics.fmean(t),
+            "vllm_bench_mean": statistics.fmean(b),
+            "ratio": round(ratio, 4),
+            "tool_spread": round(_spread(t), 4),
+            "vllm_bench_spread": round(_spread(b), 4),
+            "allowed": round(allowed, 4),
+            "within": abs(ratio - 1) <= allowed,
+        }
     return rows
 
 
@@ -180,10 +236,20 @@ def plot(rows: dict[str, Any]) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     ratios = [rows[n]["ratio"] for n in names]
     allowed = [rows[n]["allowed"] for n in names]
-    ax.bar(range(len(names)), [r - 1 for r in ratios], color=["tab:green" if rows[n]["within"] else "tab:red"
-                                                              for n in names])
-    ax.errorbar(range(len(names)), [0] * len(names), yerr=allowed, fmt="none", ecolor="grey", capsize=4,
-                label="allowed: max(5%, 2x run-to-run spread)")
+    ax.bar(
+        range(len(names)),
+        [r - 1 for r in ratios],
+        color=["tab:green" if rows[n]["within"] else "tab:red" for n in names],
+    )
+    ax.errorbar(
+        range(len(names)),
+        [0] * len(names),
+        yerr=allowed,
+        fmt="none",
+        ecolor="grey",
+        capsize=4,
+        label="allowed: max(5%, 2x run-to-run spread)",
+    )
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel("tool / vllm bench serve - 1")
@@ -202,24 +268,39 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs on each side (default 3)")
     args = parser.parse_args()
     prepared = _prepared()
-    print(f"config {PARAMS}; workload {len(prepared.workload.requests)} requests over "
-          f"{prepared.workload.duration_s:.1f}s at their recorded times", flush=True)
+    print(
+        f"config {PARAMS}; workload {len(prepared.workload.requests)} requests over "
+        f"{prepared.workload.duration_s:.1f}s at their recorded times",
+        flush=True,
+    )
     tool = tool_side(prepared, args.repeats)
     with tempfile.TemporaryDirectory(prefix="vllm-tuner-fidelity-") as tmp:
         bench, serve_config = vllm_side(prepared, args.repeats, Path(tmp))
     rows = compare(tool, bench)
-    out = {"command": "benchmarks/fidelity.py", "params": PARAMS, "workload": prepared.workload.provenance,
-           "repeats": args.repeats, "vllm_serve_yaml": serve_config, "metrics": rows,
-           "all_within": all(r["within"] for r in rows.values()), "tool_runs": tool, "vllm_bench_runs": bench,
-           "notes": ["request_rate_rps and output_tok_s on both sides: completed requests (tokens) over the time "
-                     "from the replay's start to the last completion, as bench serve counts; the tool's own "
-                     "achieved_rps/output_tok_s divide by the step's scheduled window instead (reported_*)."]}
+    out = {
+        "command": "benchmarks/fidelity.py",
+        "params": PARAMS,
+        "workload": prepared.workload.provenance,
+        "repeats": args.repeats,
+        "vllm_serve_yaml": serve_config,
+        "metrics": rows,
+        "all_within": all(r["within"] for r in rows.values()),
+        "tool_runs": tool,
+        "vllm_bench_runs": bench,
+        "notes": [
+            "request_rate_rps and output_tok_s on both sides: completed requests (tokens) over the time "
+            "from the replay's start to the last completion, as bench serve counts; the tool's own "
+            "achieved_rps/output_tok_s divide by the step's scheduled window instead (reported_*)."
+        ],
+    }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "fidelity.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(rows)
     for name, row in rows.items():
-        print(f"{name:18s} tool/bench {row['ratio']:.3f} (spread tool {row['tool_spread']:.1%}, bench "
-              f"{row['vllm_bench_spread']:.1%}; allowed +-{row['allowed']:.1%}) {'ok' if row['within'] else 'OUT'}")
+        print(
+            f"{name:18s} tool/bench {row['ratio']:.3f} (spread tool {row['tool_spread']:.1%}, bench "
+            f"{row['vllm_bench_spread']:.1%}; allowed +-{row['allowed']:.1%}) {'ok' if row['within'] else 'OUT'}"
+        )
     print(f"wrote {OUT / 'fidelity.json'}", flush=True)
 
 

@@ -31,8 +31,9 @@ from tuner.sampling import plan_step, sample_step  # noqa: E402
 from tuner.tiny_model import ensure_tiny_model  # noqa: E402
 from tuner.workload.records import Request, Workload  # noqa: E402
 
-WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=16) for i in range(100)),
-                    {"source": "benchmark"})
+WORKLOAD = Workload(
+    tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=16) for i in range(100)), {"source": "benchmark"}
+)
 
 
 def _even(count: int):
@@ -41,10 +42,18 @@ def _even(count: int):
 
 
 def _spec() -> EngineSpec:
-    return EngineSpec(engine_args={
-        "model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "enforce_eager": True,
-        "max_model_len": 1024, "max_num_seqs": 32, "max_num_batched_tokens": 512,
-        "kv_cache_memory_bytes": 16 << 20, "distributed_executor_backend": "uni"})
+    return EngineSpec(
+        engine_args={
+            "model": str(ensure_tiny_model()),
+            "skip_tokenizer_init": True,
+            "enforce_eager": True,
+            "max_model_len": 1024,
+            "max_num_seqs": 32,
+            "max_num_batched_tokens": 512,
+            "kv_cache_memory_bytes": 16 << 20,
+            "distributed_executor_backend": "uni",
+        }
+    )
 
 
 def _engine_processes() -> int:
@@ -54,9 +63,12 @@ def _engine_processes() -> int:
 
 def _lag(records) -> dict:
     lags = sorted(r.send_lag_s for r in records)
-    return {"requests": len(lags), "send_lag_p50_ms": round(1000 * lags[len(lags) // 2], 3),
-            "send_lag_p99_ms": round(1000 * lags[min(len(lags) - 1, int(0.99 * len(lags)))], 3),
-            "send_lag_max_ms": round(1000 * lags[-1], 3)}
+    return {
+        "requests": len(lags),
+        "send_lag_p50_ms": round(1000 * lags[len(lags) // 2], 3),
+        "send_lag_p99_ms": round(1000 * lags[min(len(lags) - 1, int(0.99 * len(lags)))], 3),
+        "send_lag_max_ms": round(1000 * lags[-1], 3),
+    }
 
 
 async def bare_engine() -> dict:
@@ -79,10 +91,14 @@ async def ray_pool(replicas: int) -> dict:
     await pool.shutdown()
     teardown_s = time.perf_counter() - began
     time.sleep(5)
-    return {"replicas": replicas, "start_s": round(start_s, 2),
-            "engine_start_s": [i["start_s"] for i in pool.info], "teardown_s": round(teardown_s, 2),
-            "leftover_engine_processes_5s_after_teardown": _engine_processes(),
-            "saturated_replay_60rps": {**_lag(records), "completed": sum(r.ok for r in records)}}
+    return {
+        "replicas": replicas,
+        "start_s": round(start_s, 2),
+        "engine_start_s": [i["start_s"] for i in pool.info],
+        "teardown_s": round(teardown_s, 2),
+        "leftover_engine_processes_5s_after_teardown": _engine_processes(),
+        "saturated_replay_60rps": {**_lag(records), "completed": sum(r.ok for r in records)},
+    }
 
 
 async def idle_send_lag() -> list[dict]:
@@ -114,8 +130,11 @@ async def router_overhead(n: int = 5000) -> dict:
         for _ in range(n):
             await call()
         timings[name] = (time.perf_counter() - began) / n
-    return {"direct_us": round(1e6 * timings["direct"], 1), "routed_us": round(1e6 * timings["routed"], 1),
-            "router_overhead_us": round(1e6 * (timings["routed"] - timings["direct"]), 1)}
+    return {
+        "direct_us": round(1e6 * timings["direct"], 1),
+        "routed_us": round(1e6 * timings["routed"], 1),
+        "router_overhead_us": round(1e6 * (timings["routed"] - timings["direct"]), 1),
+    }
 
 
 def main() -> None:
@@ -123,13 +142,20 @@ def main() -> None:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
-    results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                     "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     results["router"] = asyncio.run(router_overhead())
     results["replay_send_lag_idle_engine"] = asyncio.run(idle_send_lag())
     results["bare_engine"] = asyncio.run(bare_engine())
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+    ray.init(
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
+    )
     try:
         results["ray_pool_1"] = asyncio.run(ray_pool(1))
         results["ray_pool_2"] = asyncio.run(ray_pool(2))

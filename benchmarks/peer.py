@@ -39,10 +39,15 @@ def serve_yaml(prepared, params: dict[str, Any], port: int, note: str) -> str:
     from tuner.export import ExportOptions, deployment_for, render_vllm_serve
 
     config = prepared.config
-    record = SimpleNamespace(max_model_len=config.model.max_model_len, engine_args=config.model.engine_args,
-                             device="cpu", kv_budget_mib=config.hardware.kv_budget_mib,
-                             model=prepared.model_path, experiment="peer",
-                             cpu_cores_per_replica=config.hardware.cpu_cores_per_replica)
+    record = SimpleNamespace(
+        max_model_len=config.model.max_model_len,
+        engine_args=config.model.engine_args,
+        device="cpu",
+        kv_budget_mib=config.hardware.kv_budget_mib,
+        model=prepared.model_path,
+        experiment="peer",
+        cpu_cores_per_replica=config.hardware.cpu_cores_per_replica,
+    )
     deployment = deployment_for(record, SimpleNamespace(params=params), ExportOptions(port=port))
     return render_vllm_serve(deployment, [note])
 
@@ -61,13 +66,21 @@ def vllm_server(config_text: str, work: Path, port: int, *, timeout_s: float = 3
 
     config = work / f"vllm-serve-{port}.yaml"
     config.write_text(config_text)
-    env = {**os.environ, **engine_cpu_env([ENGINE_CORE]), "VLLM_LOGGING_LEVEL": "WARNING",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        **engine_cpu_env([ENGINE_CORE]),
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     log_path = work / f"server-{port}.log"
     with log_path.open("w") as log:
         # Placed as the tool places its replicas: the engine on its core, the API server on the others.
-        server = start_pinned([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)],
-                              [ENGINE_CORE], env=env, stdout=log)
+        server = start_pinned(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)],
+            [ENGINE_CORE],
+            env=env,
+            stdout=log,
+        )
         try:
             _wait_ready(port, server, log_path, timeout_s)
             set_process_affinity(server.pid, other_cores([ENGINE_CORE]))
@@ -112,27 +125,69 @@ def write_timed_trace(sample: StepSample, rate_rps: float, path: Path, *, step: 
             while len(ids) < needed:
                 ids.append(base + unique)
                 unique += 1
-            out.write(json.dumps({"timestamp": round(offset, 6), "input_length": request.prompt_tokens,
-                                  "output_length": request.output_tokens, "hash_ids": ids}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "timestamp": round(offset, 6),
+                        "input_length": request.prompt_tokens,
+                        "output_length": request.output_tokens,
+                        "hash_ids": ids,
+                    }
+                )
+                + "\n"
+            )
     return offsets, len(sample.warmup)
 
 
-def bench(url: str, trace: Path, count: int, *, model_path: str, served_name: str, work: Path, name: str,
-          seed: int) -> dict[str, Any]:
+def bench(
+    url: str, trace: Path, count: int, *, model_path: str, served_name: str, work: Path, name: str, seed: int
+) -> dict[str, Any]:
     """`vllm bench serve --dataset-name timed_trace --self-timed --save-detailed` over `trace`; the raw
     result (per-request ttfts, itls, latencies, start times, errors)."""
-    command = [sys.executable, str(Path(__file__).resolve()), "_bench",
-               "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", served_name,
-               "--tokenizer", model_path, "--dataset-name", "timed_trace", "--dataset-path", str(trace),
-               "--self-timed", "--num-prompts", str(count), "--temperature", "0", "--ignore-eos",
-               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
-               "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", name,
-               "--disable-tqdm", "--seed", str(seed)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "_bench",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        served_name,
+        "--tokenizer",
+        model_path,
+        "--dataset-name",
+        "timed_trace",
+        "--dataset-path",
+        str(trace),
+        "--self-timed",
+        "--num-prompts",
+        str(count),
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,95,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(work),
+        "--result-filename",
+        name,
+        "--disable-tqdm",
+        "--seed",
+        str(seed),
+    ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
     # The client off the engine's core, as the tool's replay client is.
     others = sorted(os.sched_getaffinity(0) - {ENGINE_CORE}) or sorted(os.sched_getaffinity(0))
-    done = subprocess.run(command, env=env, capture_output=True, text=True,
-                          preexec_fn=lambda: os.sched_setaffinity(0, others))
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, others)
+    )
     if done.returncode != 0:
         raise SystemExit(f"vllm bench serve failed: {done.stderr.strip().splitlines()[-3:]}")
     raw = json.loads((work / name).read_text())
@@ -151,12 +206,21 @@ def records(raw: dict[str, Any], offsets: list[float], warmup: int, expected_out
         ttft, latency, error = raw["ttfts"][index], raw["latencies"][index], raw["errors"][index]
         produced = raw["output_lens"][index]
         ok = not error and ttft and produced == expected_outputs[index]
-        out.append(RequestRecord(
-            index=index, scheduled_s=offset, sent_s=sent, prompt_tokens=raw["input_lens"][index],
-            output_tokens=expected_outputs[index], first_token_s=sent + ttft if ttft else None,
-            finished_s=sent + latency if ok else None, token_gaps_s=tuple(raw["itls"][index] or ()),
-            ok=bool(ok), error=None if ok else (error or f"produced {produced} of {expected_outputs[index]}")[:200],
-            in_warmup=index < warmup))
+        out.append(
+            RequestRecord(
+                index=index,
+                scheduled_s=offset,
+                sent_s=sent,
+                prompt_tokens=raw["input_lens"][index],
+                output_tokens=expected_outputs[index],
+                first_token_s=sent + ttft if ttft else None,
+                finished_s=sent + latency if ok else None,
+                token_gaps_s=tuple(raw["itls"][index] or ()),
+                ok=bool(ok),
+                error=None if ok else (error or f"produced {produced} of {expected_outputs[index]}")[:200],
+                in_warmup=index < warmup,
+            )
+        )
     return out
 
 

@@ -81,9 +81,11 @@ METRIC = "capacity_rps_per_accel"
 # tiny model on one core: prompt p50 about 250 tokens and output p50 about 70, like the bundled sample).
 WORKLOADS: dict[str, dict[str, Any]] = {
     "bundled": {},
-    "heldout": {"workload.path": str(SHARED / "AzureLLMInferenceTrace_conv.csv"), "workload.format": "azure",
-                "workload.transforms": {"first_n": 600, "prompt_scale": 0.25, "output_scale": 0.34,
-                                        "target_rate_rps": 5.3}},
+    "heldout": {
+        "workload.path": str(SHARED / "AzureLLMInferenceTrace_conv.csv"),
+        "workload.format": "azure",
+        "workload.transforms": {"first_n": 600, "prompt_scale": 0.25, "output_scale": 0.34, "target_rate_rps": 5.3},
+    },
 }
 # What a table must have been recorded with to be resumed or compared (meta keys).
 IDENTITY = ("config", "space", "workload", "overrides")
@@ -158,10 +160,16 @@ def _display(path: str | Path) -> str:
 
 def _git() -> dict[str, Any]:
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return {"commit": head or None, "dirty": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
@@ -189,18 +197,27 @@ def _meta(prepared, workload: str) -> dict[str, Any]:
 
     config = prepared.config
     provenance = {k: v for k, v in prepared.workload.provenance.items() if k != "source"}
-    return {"config": CONFIG.read_text(), "space": SPACE.read_text(), "workload": workload,
-            "overrides": {k: _display(v) if k == "workload.path" else v for k, v in WORKLOADS[workload].items()},
-            "tunable": list(prepared.space.tunable), "reference_rps": prepared.reference_rps,
-            "slo": config.slo,
-            "capacity": config.capacity.model_dump(mode="json"),
-            "capacity_plan": dataclasses.asdict(config.capacity.plan()),
-            "climb_factors": list(config.capacity.plan().climb_factors()),
-            "measured_requests": prepared.sample.min_measured, "step_sample": prepared.sample.describe(),
-            "workload_provenance": {"source": _display(prepared.workload.provenance.get("source", "")),
-                                    **provenance},
-            "machine": machine(), "vllm": _vllm_version(), "tool_version": __version__, "git": _git(),
-            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "sessions": []}
+    return {
+        "config": CONFIG.read_text(),
+        "space": SPACE.read_text(),
+        "workload": workload,
+        "overrides": {k: _display(v) if k == "workload.path" else v for k, v in WORKLOADS[workload].items()},
+        "tunable": list(prepared.space.tunable),
+        "reference_rps": prepared.reference_rps,
+        "slo": config.slo,
+        "capacity": config.capacity.model_dump(mode="json"),
+        "capacity_plan": dataclasses.asdict(config.capacity.plan()),
+        "climb_factors": list(config.capacity.plan().climb_factors()),
+        "measured_requests": prepared.sample.min_measured,
+        "step_sample": prepared.sample.describe(),
+        "workload_provenance": {"source": _display(prepared.workload.provenance.get("source", "")), **provenance},
+        "machine": machine(),
+        "vllm": _vllm_version(),
+        "tool_version": __version__,
+        "git": _git(),
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "sessions": [],
+    }
 
 
 def _load_table(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -210,8 +227,10 @@ def _load_table(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
     table = json.loads(path.read_text())
     differs = [k for k in IDENTITY if table["meta"].get(k) != meta[k]]
     if differs:
-        raise SystemExit(f"{path} was recorded with a different {', '.join(differs)} than "
-                         f"{_display(CONFIG)} now has: move it away to record a new table")
+        raise SystemExit(
+            f"{path} was recorded with a different {', '.join(differs)} than "
+            f"{_display(CONFIG)} now has: move it away to record a new table"
+        )
     return table
 
 
@@ -230,12 +249,16 @@ def record(args: argparse.Namespace) -> None:
     todo = [(p, r) for p, r in record_order(points, args.workload, args.repeats) if (key(p, names), r) not in done]
     walls = [e["wall_s"] for c in table["configs"].values() for e in c["repeats"]]
     hours = len(todo) * (statistics.fmean(walls) if walls else 100.0) / 3600
-    print(f"{args.workload}: grid of {len(points)} configs x {args.repeats} repeats, {len(done)} trial(s) already "
-          f"in {_display(path)}, {len(todo)} to run (about {hours:.1f} h)", flush=True)
+    print(
+        f"{args.workload}: grid of {len(points)} configs x {args.repeats} repeats, {len(done)} trial(s) already "
+        f"in {_display(path)}, {len(todo)} to run (about {hours:.1f} h)",
+        flush=True,
+    )
     if not todo:
         return
-    table["meta"]["sessions"].append({"started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(),
-                                      "git": _git(), "todo": len(todo)})
+    table["meta"]["sessions"].append(
+        {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "git": _git(), "todo": len(todo)}
+    )
     began_all = time.monotonic()
     start_local_ray()
     try:
@@ -243,13 +266,15 @@ def record(args: argparse.Namespace) -> None:
             name = key(params, names)
             print(f"[{done_now}/{len(todo)}] repeat {repeat + 1}: {name}", flush=True)
             entry = run_trial(context, params, f"grid{len(done) + done_now}", on_step=_print_step)
-            entry.update(repeat=repeat, order=len(done) + done_now,
-                         recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            entry.update(repeat=repeat, order=len(done) + done_now, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
             table["configs"][name]["repeats"].append(entry)
             _write(path, table)
             eta = (time.monotonic() - began_all) / done_now * (len(todo) - done_now)
-            print(f"  {METRIC} {entry[METRIC]:.2f} after {len(entry['steps'])} step(s), {entry['wall_s']:.0f}s "
-                  f"({entry['status_reason']}); about {eta / 60:.0f} min left", flush=True)
+            print(
+                f"  {METRIC} {entry[METRIC]:.2f} after {len(entry['steps'])} step(s), {entry['wall_s']:.0f}s "
+                f"({entry['status_reason']}); about {eta / 60:.0f} min left",
+                flush=True,
+            )
     finally:
         stop_ray()
 
@@ -280,8 +305,11 @@ class Table:
         self.names: list[str] = self.meta["tunable"]
         self.configs = {k: c for k, c in data["configs"].items() if c["repeats"]}
         self.means = {k: statistics.fmean(e[METRIC] for e in c["repeats"]) for k, c in self.configs.items()}
-        self.spreads = {k: (max(values) - min(values)) / self.means[k] for k, c in self.configs.items()
-                        if len(values := [e[METRIC] for e in c["repeats"]]) >= 2 and self.means[k] > 0}
+        self.spreads = {
+            k: (max(values) - min(values)) / self.means[k]
+            for k, c in self.configs.items()
+            if len(values := [e[METRIC] for e in c["repeats"]]) >= 2 and self.means[k] > 0
+        }
         self.spread = statistics.median(self.spreads.values()) if self.spreads else 0.0
         self.tolerance = max(TOLERANCE, self.spread)
         self.best_key = max(self.means, key=self.means.__getitem__)
@@ -302,34 +330,53 @@ class Table:
     def check(self, setup: Setup) -> None:
         """Every grid point recorded, with the config the replay uses."""
         if self.meta.get("config") != CONFIG.read_text() or self.meta.get("space") != SPACE.read_text():
-            raise SystemExit(f"{_display(self.path)} was recorded with another {_display(CONFIG)} or space file: "
-                             "record it again (or restore the files it was recorded with)")
+            raise SystemExit(
+                f"{_display(self.path)} was recorded with another {_display(CONFIG)} or space file: "
+                "record it again (or restore the files it was recorded with)"
+            )
         missing = [p for p in grid_points(setup.space) if key(p, self.names) not in self.configs]
         if missing:
-            raise SystemExit(f"{_display(self.path)}: {len(missing)} of the grid's configs not recorded yet: "
-                             f"run `record --workload {self.meta['workload']}` again")
+            raise SystemExit(
+                f"{_display(self.path)}: {len(missing)} of the grid's configs not recorded yet: "
+                f"run `record --workload {self.meta['workload']}` again"
+            )
 
     def summary(self) -> dict[str, Any]:
         best_repeats = [e[METRIC] for e in self.configs[self.best_key]["repeats"]]
-        return {"file": _display(self.path), "workload": self.meta["workload"], "configs": len(self.configs),
-                "repeats_per_config": list(self.repeats), "engine_s_one_pass": round(self.grid_engine_s, 1),
-                "best_mean_" + METRIC: round(self.best, 3), "best_config": self.configs[self.best_key]["params"],
-                "spread_median_relative_range": round(self.spread, 4),
-                "best_config_relative_range": round(self.spreads.get(self.best_key, 0.0), 4),
-                "best_config_repeats": best_repeats, "tolerance": round(self.tolerance, 4),
-                "threshold": round(self.threshold, 3),
-                "best_set": [{"params": self.configs[k]["params"], "mean": round(self.means[k], 3),
-                              "repeats": [e[METRIC] for e in self.configs[k]["repeats"]]}
-                             for k in sorted(self.best_set, key=lambda k: -self.means[k])],
-                "reference_rps": self.meta.get("reference_rps"), "recorded_at": self.meta.get("recorded_at"),
-                "machine": self.meta.get("machine"), "vllm": self.meta.get("vllm")}
+        return {
+            "file": _display(self.path),
+            "workload": self.meta["workload"],
+            "configs": len(self.configs),
+            "repeats_per_config": list(self.repeats),
+            "engine_s_one_pass": round(self.grid_engine_s, 1),
+            "best_mean_" + METRIC: round(self.best, 3),
+            "best_config": self.configs[self.best_key]["params"],
+            "spread_median_relative_range": round(self.spread, 4),
+            "best_config_relative_range": round(self.spreads.get(self.best_key, 0.0), 4),
+            "best_config_repeats": best_repeats,
+            "tolerance": round(self.tolerance, 4),
+            "threshold": round(self.threshold, 3),
+            "best_set": [
+                {
+                    "params": self.configs[k]["params"],
+                    "mean": round(self.means[k], 3),
+                    "repeats": [e[METRIC] for e in self.configs[k]["repeats"]],
+                }
+                for k in sorted(self.best_set, key=lambda k: -self.means[k])
+            ],
+            "reference_rps": self.meta.get("reference_rps"),
+            "recorded_at": self.meta.get("recorded_at"),
+            "machine": self.meta.get("machine"),
+            "vllm": self.meta.get("vllm"),
+        }
 
 
 def load_table(grid_dir: Path, workload: str, setup: Setup) -> Table:
     path = grid_path(grid_dir, workload)
     if not path.exists():
-        raise SystemExit(f"{_display(path)} does not exist: run `benchmarks/search_cost.py record "
-                         f"--workload {workload}` first")
+        raise SystemExit(
+            f"{_display(path)} does not exist: run `benchmarks/search_cost.py record --workload {workload}` first"
+        )
     table = Table(json.loads(path.read_text()), path)
     table.check(setup)
     return table
@@ -393,9 +440,16 @@ def make_scheduler(config, grace: int):
     """The search's own ASHA (tuner.search._new_tuner's settings), with first rung `grace`."""
     from tuner.search import RecordingASHA
 
-    return RecordingASHA(time_attr="load_step", metric=config.asha.metric, mode=config.asha.mode,
-                         max_t=config.capacity.max_steps, grace_period=grace, growth=config.capacity.growth,
-                         reduction_factor=config.asha.reduction_factor, stop_last_trials=False)
+    return RecordingASHA(
+        time_attr="load_step",
+        metric=config.asha.metric,
+        mode=config.asha.mode,
+        max_t=config.capacity.max_steps,
+        grace_period=grace,
+        growth=config.capacity.growth,
+        reduction_factor=config.asha.reduction_factor,
+        stop_last_trials=False,
+    )
 
 
 # name -> (proposals, ASHA first rung: "tool" = asha_grace_period(config), "reference" = the reference step)
@@ -411,8 +465,9 @@ STRATEGIES: dict[str, tuple[str, str | None]] = {
 TUNED = ("optuna-tpe", "optuna", "optuna+asha", "optuna+asha@reference-step")
 
 
-def simulate(table: Table, setup: Setup, strategy: str, seed: int, *, startup: int = 2,
-             max_trials: int = 96) -> dict[str, Any]:
+def simulate(
+    table: Table, setup: Setup, strategy: str, seed: int, *, startup: int = 2, max_trials: int = 96
+) -> dict[str, Any]:
     """One search on the table: engine seconds and trials until the incumbent is in the best set.
 
     Every strategy but grid order starts, as the tool does, with the space's baseline. "optuna" is the
@@ -434,10 +489,13 @@ def simulate(table: Table, setup: Setup, strategy: str, seed: int, *, startup: i
             random.Random(f"grid-order|{seed}").shuffle(order)
         proposals = iter(order)
     else:
-        sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=seed),
-                   "tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True),
-                   "gp": lambda: optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup,
-                                                           warn_independent_sampling=False)}[kind]()
+        sampler = {
+            "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+            "tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True),
+            "gp": lambda: optuna.samplers.GPSampler(
+                seed=seed, n_startup_trials=startup, warn_independent_sampling=False
+            ),
+        }[kind]()
         study = optuna.create_study(direction="maximize", sampler=sampler)
         study.enqueue_trial(setup.baseline)
         define = setup.space.define_by_run()
@@ -475,25 +533,36 @@ def _summary(runs: list[dict[str, Any]], grid_engine_s: float) -> dict[str, Any]
     def num(x: float) -> float | None:
         return round(x, 1) if math.isfinite(x) else None
 
-    return {"seeds": len(runs), "reached": sum(r["reached"] for r in runs),
-            "median_engine_s": num(median), "p25_engine_s": num(quart[0]), "p75_engine_s": num(quart[2]),
-            "min_engine_s": num(costs[0]), "max_engine_s": num(costs[-1]),
-            "median_ratio_to_grid": round(median / grid_engine_s, 3) if math.isfinite(median) else None,
-            "median_trials": statistics.median(r["trials"] for r in runs),
-            "trials_stopped_by_asha": sum(r["stopped"] for r in runs)}
+    return {
+        "seeds": len(runs),
+        "reached": sum(r["reached"] for r in runs),
+        "median_engine_s": num(median),
+        "p25_engine_s": num(quart[0]),
+        "p75_engine_s": num(quart[2]),
+        "min_engine_s": num(costs[0]),
+        "max_engine_s": num(costs[-1]),
+        "median_ratio_to_grid": round(median / grid_engine_s, 3) if math.isfinite(median) else None,
+        "median_trials": statistics.median(r["trials"] for r in runs),
+        "trials_stopped_by_asha": sum(r["stopped"] for r in runs),
+    }
 
 
 def _rank(summary: dict[str, Any]) -> tuple[float, float]:
     """Lower is better: median engine-seconds, then the 75th percentile (unreached = infinite)."""
-    return (summary["median_engine_s"] if summary["median_engine_s"] is not None else math.inf,
-            summary["p75_engine_s"] if summary["p75_engine_s"] is not None else math.inf)
+    return (
+        summary["median_engine_s"] if summary["median_engine_s"] is not None else math.inf,
+        summary["p75_engine_s"] if summary["p75_engine_s"] is not None else math.inf,
+    )
 
 
 def _goal(results: dict[str, Any]) -> dict[str, Any]:
     asha, rand = results["optuna+asha"], results["random"]
-    return {"optuna+asha_median_ratio": asha["median_ratio_to_grid"], "target_ratio": 0.25,
-            "met_ratio": asha["median_ratio_to_grid"] is not None and asha["median_ratio_to_grid"] <= 0.25,
-            "ahead_of_random": (asha["median_engine_s"] or math.inf) < (rand["median_engine_s"] or math.inf)}
+    return {
+        "optuna+asha_median_ratio": asha["median_ratio_to_grid"],
+        "target_ratio": 0.25,
+        "met_ratio": asha["median_ratio_to_grid"] is not None and asha["median_ratio_to_grid"] <= 0.25,
+        "ahead_of_random": (asha["median_engine_s"] or math.inf) < (rand["median_engine_s"] or math.inf),
+    }
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -505,13 +574,19 @@ def compare(args: argparse.Namespace) -> None:
     report = choose if args.report_on == args.choose_on else load_table(args.grid_dir, args.report_on, setup)
     rule = startup_trials(config.budget.num_samples)
     for table in {id(t): t for t in (choose, report)}.values():
-        print(f"{table.meta['workload']}: {len(table.configs)} configs x {table.repeats[0]}-{table.repeats[1]} "
-              f"repeats, one pass {table.grid_engine_s / 60:.1f} engine-min; best mean {METRIC} {table.best:.2f}, "
-              f"spread {table.spread:.1%}, tolerance {table.tolerance:.1%}: {len(table.best_set)} config(s) in "
-              f"the best set (mean >= {table.threshold:.2f})", flush=True)
+        print(
+            f"{table.meta['workload']}: {len(table.configs)} configs x {table.repeats[0]}-{table.repeats[1]} "
+            f"repeats, one pass {table.grid_engine_s / 60:.1f} engine-min; best mean {METRIC} {table.best:.2f}, "
+            f"spread {table.spread:.1%}, tolerance {table.tolerance:.1%}: {len(table.best_set)} config(s) in "
+            f"the best set (mean >= {table.threshold:.2f})",
+            flush=True,
+        )
     if args.choose_on == args.report_on:
-        print(f"note: start-up trials chosen and reported on the same table ({args.choose_on}); seeds differ, "
-              "but this is not out of sample", flush=True)
+        print(
+            f"note: start-up trials chosen and reported on the same table ({args.choose_on}); seeds differ, "
+            "but this is not out of sample",
+            flush=True,
+        )
     kw = {"max_trials": args.max_trials}
     # 1. Start-up trials for budgets this small, the samplers' knob that matters here: chosen on one table.
     choose_seeds = range(1000, 1000 + args.seeds)
@@ -522,9 +597,12 @@ def compare(args: argparse.Namespace) -> None:
         for startup in startups:
             runs = [simulate(choose, setup, strategy, seed, startup=startup, **kw) for seed in choose_seeds]
             sweep[strategy][str(startup)] = _summary(runs, choose.grid_engine_s)
-            print(f"  [{args.choose_on}] {strategy:27s} n_startup_trials={startup:2d}: median "
-                  f"{sweep[strategy][str(startup)]['median_engine_s']} engine-s "
-                  f"({sweep[strategy][str(startup)]['reached']}/{args.seeds} reached)", flush=True)
+            print(
+                f"  [{args.choose_on}] {strategy:27s} n_startup_trials={startup:2d}: median "
+                f"{sweep[strategy][str(startup)]['median_engine_s']} engine-s "
+                f"({sweep[strategy][str(startup)]['reached']}/{args.seeds} reached)",
+                flush=True,
+            )
         chosen[strategy] = min(startups, key=lambda n: (*_rank(sweep[strategy][str(n)]), n))
     # 2. Every strategy reported on the other table, at that choice and at the tool's own rule.
     seeds = range(args.seeds)
@@ -544,28 +622,44 @@ def compare(args: argparse.Namespace) -> None:
                 if n != chosen.get(strategy):
                     runs_by[f"{strategy}@rule"] = runs
     grace = asha_grace_period(config)
-    out = {"command": "benchmarks/search_cost.py compare " + " ".join(sys.argv[2:]),
-           "definition": "engine-seconds = sum of trial wall times (engine start, every step run, teardown; a "
-                         "trial ASHA stops counts up to that step) until the incumbent (the config with the highest "
-                         "capacity reported so far; each evaluation reports one of the config's recorded repeats, "
-                         "drawn at random) is in the best set: the configs whose mean capacity over repeats is at "
-                         "least (1 - T) x the best mean, T = max(5%, median over configs of (max - min) / mean of "
-                         f"their repeats). A seed that never gets there within {args.max_trials} trials (grid order: "
-                         "within the grid) counts as infinite",
-           "choose_on": {"workload": args.choose_on, "grid": choose.summary(),
-                         "seeds": [choose_seeds.start, choose_seeds.stop - 1], "startup_sweep": sweep,
-                         "chosen_n_startup_trials": chosen},
-           "report_on": {"workload": args.report_on, "grid": report.summary(), "seeds": [0, args.seeds - 1]},
-           "out_of_sample": args.choose_on != args.report_on,
-           "asha": {"first_rung_tool": grace, "first_rung_reference_step": reference_step(config),
-                    "rungs_tool": sorted(m for m, _ in make_scheduler(config, grace)._brackets[0]._rungs),
-                    "max_t": config.capacity.max_steps, "climb_factors": list(config.capacity.plan().climb_factors()),
-                    "reduction_factor": config.asha.reduction_factor, "metric": config.asha.metric,
-                    "non_climb_results": "the value of the trial's last climb step (tuner.search.RecordingASHA)"},
-           "tool_startup_rule": {"budget": config.budget.num_samples, "n_startup_trials": rule,
-                                 **{str(n): startup_trials(n) for n in (8, 12, 20, 50)}},
-           "strategies": results, "strategies_at_tool_rule": at_rule,
-           "goal": _goal(results), "goal_at_tool_rule": _goal({**results, **at_rule})}
+    out = {
+        "command": "benchmarks/search_cost.py compare " + " ".join(sys.argv[2:]),
+        "definition": "engine-seconds = sum of trial wall times (engine start, every step run, teardown; a "
+        "trial ASHA stops counts up to that step) until the incumbent (the config with the highest "
+        "capacity reported so far; each evaluation reports one of the config's recorded repeats, "
+        "drawn at random) is in the best set: the configs whose mean capacity over repeats is at "
+        "least (1 - T) x the best mean, T = max(5%, median over configs of (max - min) / mean of "
+        f"their repeats). A seed that never gets there within {args.max_trials} trials (grid order: "
+        "within the grid) counts as infinite",
+        "choose_on": {
+            "workload": args.choose_on,
+            "grid": choose.summary(),
+            "seeds": [choose_seeds.start, choose_seeds.stop - 1],
+            "startup_sweep": sweep,
+            "chosen_n_startup_trials": chosen,
+        },
+        "report_on": {"workload": args.report_on, "grid": report.summary(), "seeds": [0, args.seeds - 1]},
+        "out_of_sample": args.choose_on != args.report_on,
+        "asha": {
+            "first_rung_tool": grace,
+            "first_rung_reference_step": reference_step(config),
+            "rungs_tool": sorted(m for m, _ in make_scheduler(config, grace)._brackets[0]._rungs),
+            "max_t": config.capacity.max_steps,
+            "climb_factors": list(config.capacity.plan().climb_factors()),
+            "reduction_factor": config.asha.reduction_factor,
+            "metric": config.asha.metric,
+            "non_climb_results": "the value of the trial's last climb step (tuner.search.RecordingASHA)",
+        },
+        "tool_startup_rule": {
+            "budget": config.budget.num_samples,
+            "n_startup_trials": rule,
+            **{str(n): startup_trials(n) for n in (8, 12, 20, 50)},
+        },
+        "strategies": results,
+        "strategies_at_tool_rule": at_rule,
+        "goal": _goal(results),
+        "goal_at_tool_rule": _goal({**results, **at_rule}),
+    }
     results_path = args.out_dir / "search_cost.json"
     if results_path.exists():  # keep the latest live check next to the table's prediction
         previous = json.loads(results_path.read_text())
@@ -573,16 +667,23 @@ def compare(args: argparse.Namespace) -> None:
             out["live"] = previous["live"]
     _write(results_path, out)
     _plot(report, runs_by, args.out_dir / "search_cost.png", args.choose_on)
-    print(f"reported on {args.report_on}, n_startup_trials chosen on {args.choose_on}: {chosen} "
-          f"(the tool's rule: {rule})", flush=True)
+    print(
+        f"reported on {args.report_on}, n_startup_trials chosen on {args.choose_on}: {chosen} "
+        f"(the tool's rule: {rule})",
+        flush=True,
+    )
     for strategy, r in results.items():
-        line = (f"{strategy:27s} median {r['median_engine_s']} engine-s (IQR {r['p25_engine_s']}-{r['p75_engine_s']}, "
-                f"{r['reached']}/{r['seeds']} reached) = {r['median_ratio_to_grid']} of the grid")
+        line = (
+            f"{strategy:27s} median {r['median_engine_s']} engine-s (IQR {r['p25_engine_s']}-{r['p75_engine_s']}, "
+            f"{r['reached']}/{r['seeds']} reached) = {r['median_ratio_to_grid']} of the grid"
+        )
         if strategy in at_rule and at_rule[strategy] is not r:
             line += f"; at the rule ({rule}): median {at_rule[strategy]['median_engine_s']}"
         print(line, flush=True)
-    print(f"goal (Optuna + ASHA <= 25% of the grid, ahead of random): {out['goal']}; wrote {_display(results_path)}",
-          flush=True)
+    print(
+        f"goal (Optuna + ASHA <= 25% of the grid, ahead of random): {out['goal']}; wrote {_display(results_path)}",
+        flush=True,
+    )
 
 
 def _plot(table: Table, runs_by: dict[str, list[dict[str, Any]]], path: Path, chosen_on: str) -> None:
@@ -603,15 +704,19 @@ def _plot(table: Table, runs_by: dict[str, list[dict[str, Any]]], path: Path, ch
     horizon = max([table.grid_engine_s] + [r["engine_s"] for runs in runs_by.values() for r in runs if r["reached"]])
     grid_x = [x / 60 for x in range(0, int(horizon) + 31, 30)]
     for name in names:
-        fractions = [sum(1 for r in runs_by[name] if r["reached"] and r["engine_s"] / 60 <= x) / len(runs_by[name])
-                     for x in grid_x]
+        fractions = [
+            sum(1 for r in runs_by[name] if r["reached"] and r["engine_s"] / 60 <= x) / len(runs_by[name])
+            for x in grid_x
+        ]
         right.plot(grid_x, fractions, label=name, linestyle="--" if name.endswith("@rule") else "-")
     right.set_xlabel("engine-minutes spent")
     right.set_ylabel("fraction of seeds whose incumbent is in the best set")
     right.legend(loc="lower right", fontsize="small")
-    fig.suptitle(f"Search cost on the {table.meta['workload']} table ({len(table.configs)} configs x "
-                 f"{table.repeats[0]}+ repeats; best mean {METRIC} {table.best:.2f}, best set: "
-                 f"{len(table.best_set)} within {table.tolerance:.0%}); start-up trials chosen on {chosen_on}")
+    fig.suptitle(
+        f"Search cost on the {table.meta['workload']} table ({len(table.configs)} configs x "
+        f"{table.repeats[0]}+ repeats; best mean {METRIC} {table.best:.2f}, best set: "
+        f"{len(table.best_set)} within {table.tolerance:.0%}); start-up trials chosen on {chosen_on}"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -653,11 +758,19 @@ def live(args: argparse.Namespace) -> None:
         wall_s += run.data.metrics.get("engine_start_s", 0.0)
         # Teardown is not in the run either: the table's mean, for the same config (about 5 s).
         wall_s += statistics.fmean(e["teardown_s"] for e in repeats)
-        rows.append({"params": params, "status": run.data.tags.get("trial_status"),
-                     "reason": run.data.tags.get("status_reason"), "started": run.info.start_time,
-                     "engine_s": round(wall_s, 1), "live_" + METRIC: run.data.metrics.get(METRIC, 0.0),
-                     "table_mean_" + METRIC: round(table.means[key(params, table.names)], 3),
-                     "table_repeats_" + METRIC: capacities, "in_best_set": table.hit(params)})
+        rows.append(
+            {
+                "params": params,
+                "status": run.data.tags.get("trial_status"),
+                "reason": run.data.tags.get("status_reason"),
+                "started": run.info.start_time,
+                "engine_s": round(wall_s, 1),
+                "live_" + METRIC: run.data.metrics.get(METRIC, 0.0),
+                "table_mean_" + METRIC: round(table.means[key(params, table.names)], 3),
+                "table_repeats_" + METRIC: capacities,
+                "in_best_set": table.hit(params),
+            }
+        )
     rows.sort(key=lambda r: r["started"])
     spent, incumbent, reached_at = 0.0, None, None
     for number, row in enumerate(rows, 1):
@@ -665,8 +778,11 @@ def live(args: argparse.Namespace) -> None:
         if incumbent is None or row["live_" + METRIC] > incumbent["live_" + METRIC]:
             incumbent = row
         if reached_at is None and incumbent["in_best_set"]:
-            reached_at = {"engine_s": round(spent, 1), "trials": number,
-                          "ratio_to_grid": round(spent / table.grid_engine_s, 3)}
+            reached_at = {
+                "engine_s": round(spent, 1),
+                "trials": number,
+                "ratio_to_grid": round(spent / table.grid_engine_s, 3),
+            }
     rule = startup_trials(args.trials)
     predicted = None
     if results.get("choose_on", {}).get("workload") == "bundled":
@@ -674,17 +790,32 @@ def live(args: argparse.Namespace) -> None:
     elif results.get("report_on", {}).get("workload") == "bundled":
         predicted = results["strategies_at_tool_rule"].get("optuna+asha")
     complete = [r for r in rows if r["status"] == "completed"]
-    within = sum(1 for r in complete if min(r["table_repeats_" + METRIC]) - 1e-6 <= r["live_" + METRIC]
-                 <= max(r["table_repeats_" + METRIC]) + 1e-6)
-    out = {"command": "benchmarks/search_cost.py live", "experiment": name,
-           "trials": rows, "engine_s": round(spent, 1), "reached_best_set": reached_at,
-           "best_set_tolerance": round(table.tolerance, 4),
-           "winner": incumbent and {"params": incumbent["params"], "live_" + METRIC: incumbent["live_" + METRIC],
-                                    "table_mean_" + METRIC: incumbent["table_mean_" + METRIC],
-                                    "in_best_set": incumbent["in_best_set"]},
-           "table_prediction": predicted and {"n_startup_trials": rule, **{
-               k: predicted.get(k) for k in ("median_engine_s", "p25_engine_s", "p75_engine_s", "median_trials")}},
-           "completed_trials_within_the_tables_repeat_range": f"{within}/{len(complete)}"}
+    within = sum(
+        1
+        for r in complete
+        if min(r["table_repeats_" + METRIC]) - 1e-6 <= r["live_" + METRIC] <= max(r["table_repeats_" + METRIC]) + 1e-6
+    )
+    out = {
+        "command": "benchmarks/search_cost.py live",
+        "experiment": name,
+        "trials": rows,
+        "engine_s": round(spent, 1),
+        "reached_best_set": reached_at,
+        "best_set_tolerance": round(table.tolerance, 4),
+        "winner": incumbent
+        and {
+            "params": incumbent["params"],
+            "live_" + METRIC: incumbent["live_" + METRIC],
+            "table_mean_" + METRIC: incumbent["table_mean_" + METRIC],
+            "in_best_set": incumbent["in_best_set"],
+        },
+        "table_prediction": predicted
+        and {
+            "n_startup_trials": rule,
+            **{k: predicted.get(k) for k in ("median_engine_s", "p25_engine_s", "p75_engine_s", "median_trials")},
+        },
+        "completed_trials_within_the_tables_repeat_range": f"{within}/{len(complete)}",
+    }
     results["live"] = out
     _write(results_path, results)
     print(json.dumps({k: v for k, v in out.items() if k != "trials"}, indent=1), flush=True)
@@ -693,31 +824,64 @@ def live(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     paths = argparse.ArgumentParser(add_help=False)
-    paths.add_argument("--grid-dir", type=Path, default=OUT,
-                       help="folder of the grid tables search_cost_grid_<workload>.json (default reports/benchmarks)")
+    paths.add_argument(
+        "--grid-dir",
+        type=Path,
+        default=OUT,
+        help="folder of the grid tables search_cost_grid_<workload>.json (default reports/benchmarks)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", parents=[paths],
-                         help="run and cache every config of the grid --repeats times (resumes where it stopped)")
-    rec.add_argument("--workload", choices=list(WORKLOADS), default="bundled",
-                     help="bundled (the default chat sample) or heldout (the Azure conversation trace, scaled); "
-                          "default bundled")
+    rec = sub.add_parser(
+        "record",
+        parents=[paths],
+        help="run and cache every config of the grid --repeats times (resumes where it stopped)",
+    )
+    rec.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="bundled",
+        help="bundled (the default chat sample) or heldout (the Azure conversation trace, scaled); default bundled",
+    )
     rec.add_argument("--repeats", type=int, default=3, help="trials per config (default 3)")
     results = argparse.ArgumentParser(add_help=False)
-    results.add_argument("--out-dir", type=Path, default=OUT,
-                         help="folder of search_cost.json and search_cost.png (default reports/benchmarks)")
+    results.add_argument(
+        "--out-dir",
+        type=Path,
+        default=OUT,
+        help="folder of search_cost.json and search_cost.png (default reports/benchmarks)",
+    )
     cmp = sub.add_parser("compare", parents=[paths, results], help="replay the strategies on the recorded grids")
     cmp.add_argument("--seeds", type=int, default=30, help="seeds per strategy and setting (default 30)")
-    cmp.add_argument("--startup", type=int, nargs="+", default=[1, 2, 3, 4, 6],
-                     help="sampler start-up trial counts to try (default 1 2 3 4 6; the tool's rule is added)")
-    cmp.add_argument("--choose-on", choices=list(WORKLOADS), default="bundled",
-                     help="table the start-up trials are chosen on (default bundled)")
-    cmp.add_argument("--report-on", choices=list(WORKLOADS), default="heldout",
-                     help="table every strategy is reported on (default heldout)")
-    cmp.add_argument("--max-trials", type=int, default=96,
-                     help="a seed whose incumbent is not in the best set after this many trials counts as "
-                          "never (default 96)")
-    one = sub.add_parser("live", parents=[paths, results],
-                         help="one real Optuna + ASHA search on the bundled workload, judged against its table")
+    cmp.add_argument(
+        "--startup",
+        type=int,
+        nargs="+",
+        default=[1, 2, 3, 4, 6],
+        help="sampler start-up trial counts to try (default 1 2 3 4 6; the tool's rule is added)",
+    )
+    cmp.add_argument(
+        "--choose-on",
+        choices=list(WORKLOADS),
+        default="bundled",
+        help="table the start-up trials are chosen on (default bundled)",
+    )
+    cmp.add_argument(
+        "--report-on",
+        choices=list(WORKLOADS),
+        default="heldout",
+        help="table every strategy is reported on (default heldout)",
+    )
+    cmp.add_argument(
+        "--max-trials",
+        type=int,
+        default=96,
+        help="a seed whose incumbent is not in the best set after this many trials counts as never (default 96)",
+    )
+    one = sub.add_parser(
+        "live",
+        parents=[paths, results],
+        help="one real Optuna + ASHA search on the bundled workload, judged against its table",
+    )
     one.add_argument("--trials", type=int, default=12, help="trials of the live search (default 12)")
     one.add_argument("--experiment", help="judge this finished live search again instead of running one")
     args = parser.parse_args()

@@ -12,11 +12,18 @@ import time
 from collections.abc import AsyncIterator
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
+from tuner.errors import EngineDied
 
 
 class StandInEngine:
-    def __init__(self, tokens_per_s: float = 2000.0, max_batch: int = 8, fail_start: str | None = None,
-                 prefill_tokens_per_s: float = 50_000.0, ping_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        tokens_per_s: float = 2000.0,
+        max_batch: int = 8,
+        fail_start: str | None = None,
+        prefill_tokens_per_s: float = 50_000.0,
+        ping_delay_s: float = 0.0,
+    ) -> None:
         self.ping_delay_s = ping_delay_s
         self.killed = False
         self.frozen = asyncio.Event()
@@ -42,7 +49,7 @@ class StandInEngine:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_batch)
         if self.killed:
-            raise RuntimeError("ActorDiedError: the actor died unexpectedly")
+            raise EngineDied("ActorDiedError: the actor died unexpectedly")
         self.requests.append(request)
         queued = time.perf_counter()
         async with self._slots:
@@ -56,7 +63,7 @@ class StandInEngine:
                     if self.frozen.is_set():
                         await asyncio.Event().wait()  # hangs, as a SIGSTOPped process does
                     if self.killed:
-                        raise RuntimeError("ActorDiedError: the actor died unexpectedly")
+                        raise EngineDied("ActorDiedError: the actor died unexpectedly")
                     if request.request_id in self.aborted:
                         yield Finished(request.request_id, produced, tuple(gaps), queue_s)
                         return
@@ -74,7 +81,7 @@ class StandInEngine:
 
     async def ping(self) -> float:
         if self.killed:
-            raise RuntimeError("ActorDiedError: the actor died unexpectedly")
+            raise EngineDied("ActorDiedError: the actor died unexpectedly")
         if self.frozen.is_set():
             await asyncio.Event().wait()
         if self.ping_delay_s:
@@ -103,8 +110,7 @@ class JumpEngine(StandInEngine):
     one) draws its own threshold, `jump_rps` x lognormal(0, `noise_cv`), so verdicts near the jump
     are noisy the way measurements are."""
 
-    def __init__(self, jump_rps: float, *, noise_cv: float = 0.0, slow_s: float = 1.0, seed: int = 0,
-                 **kwargs) -> None:
+    def __init__(self, jump_rps: float, *, noise_cv: float = 0.0, slow_s: float = 1.0, seed: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         import numpy as np
 

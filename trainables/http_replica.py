@@ -62,7 +62,8 @@ class HttpReplica:
             # them, so a request is rarely sent on a connection the server is closing.
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            )
         return self._session
 
     async def generate(self, request: GenerateRequest, attempt: int = 0) -> AsyncIterator[StreamItem]:
@@ -70,14 +71,21 @@ class HttpReplica:
 
         # As vLLM's bench serve asks: ignore_eos gives exactly max_tokens tokens (no min_tokens, whose
         # logits processor would slow every decode step).
-        body = {"model": self.model, "prompt": list(request.prompt_token_ids),
-                "max_tokens": request.output_tokens, "ignore_eos": True,
-                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.model,
+            "prompt": list(request.prompt_token_ids),
+            "max_tokens": request.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         gaps: list[float] = []
         chunks, produced, last = 0, None, None
         try:
-            async with self._client().post(f"{self.url}/v1/completions", json=body,
-                                            headers={"X-Request-Id": request.request_id}) as reply:
+            async with self._client().post(
+                f"{self.url}/v1/completions", json=body, headers={"X-Request-Id": request.request_id}
+            ) as reply:
                 self._open[request.request_id] = reply
                 if reply.status != 200:
                     text = (await reply.text())[:300]
@@ -101,8 +109,11 @@ class HttpReplica:
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             if request.request_id not in self._aborted:  # a broken stream, or a server that refused it
                 await self._raise_if_dead(error)
-            if last is None and attempt == 0 and isinstance(error, (aiohttp.ClientOSError,
-                                                                    aiohttp.ServerDisconnectedError)):
+            if (
+                last is None
+                and attempt == 0
+                and isinstance(error, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError))
+            ):
                 # Nothing came back and the server lives: the connection was stale, send it once more.
                 async for item in self.generate(request, attempt=1):
                     yield item

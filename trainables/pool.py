@@ -21,7 +21,7 @@ from typing import Any
 from trainables.http_replica import HttpReplica
 from trainables.protocol import Engine, Finished, FirstToken, GenerateRequest, StreamItem
 from trainables.vllm_engine import SERVED_MODEL_NAME, EngineSpec, VllmEngine, VllmServer
-from tuner.errors import EngineError
+from tuner.errors import EngineDied, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,10 @@ class HealthPolicy:
 
     def __post_init__(self) -> None:
         if self.period_s <= 0 or self.timeout_s <= 0 or self.failure_threshold < 1:
-            raise ValueError(f"heartbeat period and timeout must be > 0 and failure_threshold >= 1, "
-                             f"but got {self.period_s}, {self.timeout_s}, {self.failure_threshold}")
+            raise ValueError(
+                f"heartbeat period and timeout must be > 0 and failure_threshold >= 1, "
+                f"but got {self.period_s}, {self.timeout_s}, {self.failure_threshold}"
+            )
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,15 @@ ReplaceFn = Callable[[int], Awaitable[tuple[Engine, dict[str, Any]]]]
 class EnginePool:
     """Replicas behind a least-outstanding-requests router, with heartbeats, replacement and retries."""
 
-    def __init__(self, replicas: Sequence[Engine], info: Sequence[dict[str, Any]] = (), *,
-                 health: HealthPolicy | None = None, replace: ReplaceFn | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        replicas: Sequence[Engine],
+        info: Sequence[dict[str, Any]] = (),
+        *,
+        health: HealthPolicy | None = None,
+        replace: ReplaceFn | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not replicas:
             raise ValueError("a pool needs at least one replica")
         count = len(replicas)
@@ -130,8 +138,7 @@ class EnginePool:
                         yield index, FirstToken(request.request_id)
                     continue
                 outcome = item
-            if outcome is not None and (outcome.error is None or (self.alive[index] and
-                                                                   not self._suspect[index])):
+            if outcome is not None and (outcome.error is None or (self.alive[index] and not self._suspect[index])):
                 yield index, dataclasses.replace(outcome, request_id=request.request_id, retries=attempt)
                 return
             last_error = outcome.error if outcome is not None else f"replica {index} declared dead"
@@ -247,6 +254,7 @@ class EnginePool:
             self._tasks.append(asyncio.ensure_future(self._start_replacement(index)))
 
     async def _start_replacement(self, index: int) -> None:
+        assert self._replace is not None
         try:
             replica, info = await self._replace(index)
         except Exception as error:  # the slot stays dead; its share of the load goes to the others
@@ -261,8 +269,11 @@ class EnginePool:
     def unexplained_deaths(self) -> list[tuple[int, str]]:
         """Replicas that failed requests with a death error, with no fault injected into them, that the
         monitor has not declared yet (it needs `failure_threshold` pings): (replica, error)."""
-        return [(i, error) for i, error in enumerate(self._errors)
-                if error is not None and self._suspect[i] and self.alive[i] and i not in self.faults]
+        return [
+            (i, error)
+            for i, error in enumerate(self._errors)
+            if error is not None and self._suspect[i] and self.alive[i] and i not in self.faults
+        ]
 
     async def inject_fault(self, index: int, kind: str) -> None:
         """Fault injection: `kill` the replica, or `freeze` it (it hangs without dying)."""
@@ -279,12 +290,15 @@ class EnginePool:
     async def abort(self, request_ids: list[str]) -> None:
         """Abort the given requests (and their retries) on every live replica."""
         ids = request_ids + [f"{r}-retry{n}" for r in request_ids for n in range(1, 4)]
-        await asyncio.gather(*(r.abort(ids) for i, r in enumerate(self.replicas) if self.alive[i]),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(r.abort(ids) for i, r in enumerate(self.replicas) if self.alive[i]), return_exceptions=True
+        )
 
     async def reset_prefix_cache(self) -> None:
-        await asyncio.gather(*(r.reset_prefix_cache() for i, r in enumerate(self.replicas)
-                               if self.alive[i] and not self._suspect[i]), return_exceptions=True)
+        await asyncio.gather(
+            *(r.reset_prefix_cache() for i, r in enumerate(self.replicas) if self.alive[i] and not self._suspect[i]),
+            return_exceptions=True,
+        )
 
     async def shutdown(self) -> None:
         """Stop heartbeats and replacements, then shut every replica down; errors are logged, never
@@ -352,11 +366,15 @@ def _create_actor(spec: EngineSpec, placement_group: Any, bundle: int, gpus: flo
 
     strategy = None
     if placement_group is not None:
-        strategy = PlacementGroupSchedulingStrategy(placement_group=placement_group,
-                                                    placement_group_bundle_index=bundle)
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group, placement_group_bundle_index=bundle
+        )
     host = VllmServer if spec.serving == "openai-server" else VllmEngine
-    return ray.remote(host).options(num_cpus=spec.cpu_cores, num_gpus=gpus, scheduling_strategy=strategy,
-                                    max_concurrency=10_000).remote(spec)
+    return (
+        ray.remote(host)
+        .options(num_cpus=spec.cpu_cores, num_gpus=gpus, scheduling_strategy=strategy, max_concurrency=10_000)
+        .remote(spec)
+    )
 
 
 def _client(spec: EngineSpec, handle: Any, info: dict[str, Any]) -> Engine:
@@ -367,18 +385,24 @@ def _client(spec: EngineSpec, handle: Any, info: dict[str, Any]) -> Engine:
     return replica
 
 
-async def start_ray_pool(spec: EngineSpec, num_replicas: int, *, placement_group: Any,
-                         first_bundle: int = 1, gpus_per_replica: float = 0,
-                         start_timeout_s: float = 600.0, health: HealthPolicy | None = None,
-                         replace: bool = False) -> EnginePool:
+async def start_ray_pool(
+    spec: EngineSpec,
+    num_replicas: int,
+    *,
+    placement_group: Any,
+    first_bundle: int = 1,
+    gpus_per_replica: float = 0,
+    start_timeout_s: float = 600.0,
+    health: HealthPolicy | None = None,
+    replace: bool = False,
+) -> EnginePool:
     """Start `num_replicas` vLLM replicas in parallel, replica i on bundle `first_bundle + i`.
 
     With `replace`, a replica declared dead is replaced by a new one on the same bundle.
     Raises EngineError (naming vLLM's reason) if any replica fails to start in time; every replica
     already started is shut down first, so nothing is left running.
     """
-    handles = [_create_actor(spec, placement_group, first_bundle + i, gpus_per_replica)
-               for i in range(num_replicas)]
+    handles = [_create_actor(spec, placement_group, first_bundle + i, gpus_per_replica) for i in range(num_replicas)]
     hosts = [RayReplica(h) for h in handles]
     try:
         info = await asyncio.wait_for(asyncio.gather(*(h.start.remote() for h in handles)), start_timeout_s)
@@ -410,11 +434,10 @@ def proves_death(error: BaseException) -> bool:
     cause = getattr(error, "cause", None)
     if isinstance(cause, BaseException):
         error = cause
-    if isinstance(error, EngineError):
-        return "engine died" in str(error)
-    names = {type(error).__name__, *(t.__name__ for t in type(error).__mro__)}
-    return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError"}) or \
-        "ActorDiedError" in str(error)
+    if isinstance(error, EngineDied):
+        return True
+    names = {t.__name__ for t in type(error).__mro__}  # Ray's actor errors, without importing Ray here
+    return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError"})
 
 
 def error_line(error: BaseException) -> str:

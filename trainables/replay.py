@@ -11,9 +11,14 @@ from trainables.protocol import Finished, FirstToken, GenerateRequest
 from tuner.records import PlannedRequest, RequestRecord
 
 
-async def replay_step(pool: EnginePool, plan: list[PlannedRequest], *, deadline_s: float,
-                      id_prefix: str, clock: Callable[[], float] = time.perf_counter
-                      ) -> list[RequestRecord]:
+async def replay_step(
+    pool: EnginePool,
+    plan: list[PlannedRequest],
+    *,
+    deadline_s: float,
+    id_prefix: str,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[RequestRecord]:
     """Send the plan open-loop (never waiting for earlier responses); returns one record per request.
 
     Requests unfinished `deadline_s` after the last scheduled send are aborted on the engines and
@@ -56,16 +61,29 @@ async def replay_step(pool: EnginePool, plan: list[PlannedRequest], *, deadline_
 
 def _record(planned: PlannedRequest, entry: dict) -> RequestRecord:
     item: Finished | None = entry.get("item")
-    common = dict(index=planned.index, scheduled_s=planned.scheduled_s, sent_s=entry["sent"],
-                  prompt_tokens=len(planned.prompt_token_ids), output_tokens=planned.output_tokens,
-                  in_warmup=planned.in_warmup, replica=entry.get("replica", -1))
+    common = dict(
+        index=planned.index,
+        scheduled_s=planned.scheduled_s,
+        sent_s=entry["sent"],
+        prompt_tokens=len(planned.prompt_token_ids),
+        output_tokens=planned.output_tokens,
+        in_warmup=planned.in_warmup,
+        replica=entry.get("replica", -1),
+    )
     if item is None:
-        return RequestRecord(**common, first_token_s=entry.get("first"), finished_s=None, ok=False,
-                             error="missed the step deadline")
+        return RequestRecord(
+            **common, first_token_s=entry.get("first"), finished_s=None, ok=False, error="missed the step deadline"
+        )
     error = item.error
     if error is None and item.output_tokens != planned.output_tokens:
         error = f"produced {item.output_tokens} of {planned.output_tokens} output tokens"
-    return RequestRecord(**common, first_token_s=entry.get("first"),
-                         finished_s=entry["finished"] if error is None else None,
-                         token_gaps_s=item.token_gaps_s, queue_s=item.queue_s,
-                         ok=error is None, error=error, retries=item.retries)
+    return RequestRecord(
+        **common,
+        first_token_s=entry.get("first"),
+        finished_s=entry["finished"] if error is None else None,
+        token_gaps_s=item.token_gaps_s,
+        queue_s=item.queue_s,
+        ok=error is None,
+        error=error,
+        retries=item.retries,
+    )

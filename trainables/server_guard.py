@@ -68,13 +68,19 @@ def hold_a_terminal() -> tuple[int, int] | None:
         master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
     except OSError as error:
-        print(f"server_guard: no controlling terminal ({error}): if the guard is killed, its server is not",
-              file=sys.stderr, flush=True)
+        print(
+            f"server_guard: no controlling terminal ({error}): if the guard is killed, its server is not",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     return master, slave
 
 
 def main(argv: list[str]) -> int:
+    # An ignored SIGCHLD is inherited through exec and makes the kernel reap children at once, so their
+    # exit status is lost: the guard must read its server's.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     terminal = hold_a_terminal()  # noqa: F841 - held open for the guard's lifetime
     server = subprocess.Popen(argv)  # close_fds: the server never sees the terminal
     stop_at: list[float] = []

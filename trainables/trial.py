@@ -76,26 +76,36 @@ def engine_spec(context: TrialContext, params: dict[str, Any]) -> tuple[EngineSp
 
     On CPU, `gpu_memory_utilization` becomes `kv_cache_memory_bytes` = fraction x KV budget.
     """
-    args = {"model": context.model, "enforce_eager": True, "skip_tokenizer_init": True,
-            "disable_log_stats": False, "seed": context.seed, **context.engine_defaults}
+    args = {
+        "model": context.model,
+        "enforce_eager": True,
+        "skip_tokenizer_init": True,
+        "disable_log_stats": False,
+        "seed": context.seed,
+        **context.engine_defaults,
+    }
     args.update({k: v for k, v in params.items() if k not in POOL_PARAMS})
     tp = int(args.get("tensor_parallel_size", 1))
     args.setdefault("distributed_executor_backend", "uni" if tp == 1 else "mp")
     if context.on_cpu and "kv_cache_memory_bytes" not in args:
         # Always bounded on CPU: vLLM's own default takes half the host's memory per engine.
         args["kv_cache_memory_bytes"] = kv_cache_bytes(
-            args.pop("gpu_memory_utilization", DEFAULT_MEMORY_FRACTION), context.kv_budget_bytes)
-    spec = EngineSpec(engine_args=args, cpu_cores=context.cpu_cores_per_replica * tp,
-                      on_cpu=context.on_cpu, serving=context.serving)
+            args.pop("gpu_memory_utilization", DEFAULT_MEMORY_FRACTION), context.kv_budget_bytes
+        )
+    spec = EngineSpec(
+        engine_args=args, cpu_cores=context.cpu_cores_per_replica * tp, on_cpu=context.on_cpu, serving=context.serving
+    )
     return spec, int(params.get("num_replicas", 1)), tp
 
 
 def health_policy(context: TrialContext, params: dict[str, Any]) -> HealthPolicy:
     """The candidate's heartbeat settings, falling back to the search's defaults."""
     default = context.health
-    return HealthPolicy(period_s=float(params.get("heartbeat_period_s", default.period_s)),
-                        timeout_s=float(params.get("heartbeat_timeout_s", default.timeout_s)),
-                        failure_threshold=int(params.get("failure_threshold", default.failure_threshold)))
+    return HealthPolicy(
+        period_s=float(params.get("heartbeat_period_s", default.period_s)),
+        timeout_s=float(params.get("heartbeat_timeout_s", default.timeout_s)),
+        failure_threshold=int(params.get("failure_threshold", default.failure_threshold)),
+    )
 
 
 def kv_cache_bytes(fraction: float, budget_bytes: int) -> int:
@@ -110,8 +120,9 @@ PoolFactory = Callable[[EngineSpec, int, HealthPolicy], Awaitable[EnginePool]]
 class TrialRunner:
     """Runs one candidate's capacity search; `next_step()` returns the metrics dict of each step."""
 
-    def __init__(self, context: TrialContext, params: dict[str, Any], pool_factory: PoolFactory,
-                 trial_id: str = "trial") -> None:
+    def __init__(
+        self, context: TrialContext, params: dict[str, Any], pool_factory: PoolFactory, trial_id: str = "trial"
+    ) -> None:
         self.context = context
         self.params = dict(params)
         self.trial_id = trial_id
@@ -125,6 +136,7 @@ class TrialRunner:
         self.steps: list[StepSummary] = []
         self.ref_records: list[RequestRecord] | None = None
         self.last_records: list[RequestRecord] = []  # the latest step's, for benchmarks and tests
+        self.last_plan: list[PlannedRequest] = []  # the plan the latest step replayed
         self.failure: str | None = None
         self.pool: EnginePool | None = None
         self.start_s = 0.0
@@ -144,8 +156,9 @@ class TrialRunner:
             starting = self._pool_factory(self.spec, self.num_replicas, self.health)
             self.pool = self._loop.run_until_complete(asyncio.wait_for(starting, self._remaining_s()))
         except asyncio.TimeoutError:
-            self.failure = (f"exceeded the trial time limit of {self.context.trial_timeout_s:g}s "
-                            "while the engines were starting")
+            self.failure = (
+                f"exceeded the trial time limit of {self.context.trial_timeout_s:g}s while the engines were starting"
+            )
         except EngineError as error:
             self.failure = str(error)
         except Exception as error:  # anything else that stops the engine is still an infeasible config
@@ -164,29 +177,37 @@ class TrialRunner:
         assert chosen is not None, "next_step() called after the trial was done"
         factor, phase = chosen
         rate = factor * context.reference_rps * self.num_accelerators
-        plan = plan_step(context.sample, rate_rps=rate, step_seed=context.seed * 1000 + step,
-                         vocab_size=context.vocab_size)
+        plan = plan_step(
+            context.sample, rate_rps=rate, step_seed=context.seed * 1000 + step, vocab_size=context.vocab_size
+        )
         assert self.pool is not None
         began = time.perf_counter()
         remaining = self._remaining_s()
         if remaining is not None and remaining <= 0:
-            self.failure = (f"exceeded the trial time limit of {context.trial_timeout_s:g}s "
-                            f"after step {step - 1}")
+            self.failure = f"exceeded the trial time limit of {context.trial_timeout_s:g}s after step {step - 1}"
             return self._infeasible_result(self.failure)
         faults = [f for f in self._faults_left if factor >= f.at_load * (1 - 1e-9)]
         self._faults_left = [f for f in self._faults_left if f not in faults]
         window_s = context.sample.window_s(rate)
         try:
             records = self._loop.run_until_complete(
-                asyncio.wait_for(self._run(plan, step, faults, window_s), remaining))
+                asyncio.wait_for(self._run(plan, step, faults, window_s), remaining)
+            )
         except asyncio.TimeoutError:
-            self.failure = (f"exceeded the trial time limit of {context.trial_timeout_s:g}s "
-                            f"during step {step}")
+            self.failure = f"exceeded the trial time limit of {context.trial_timeout_s:g}s during step {step}"
             return self._infeasible_result(self.failure)
-        summary = summarize_step(records, self.slo, load_step=step, load_factor=factor, offered_rps=rate,
-                                 window_s=window_s, horizon_s=context.sustain_horizon_s, phase=phase)
+        summary = summarize_step(
+            records,
+            self.slo,
+            load_step=step,
+            load_factor=factor,
+            offered_rps=rate,
+            window_s=window_s,
+            horizon_s=context.sustain_horizon_s,
+            phase=phase,
+        )
         self.steps.append(summary)
-        self.last_records = records
+        self.last_records, self.last_plan = records, plan
         if self.ref_records is None and math.isclose(factor, 1.0, rel_tol=1e-6):
             self.ref_records = records
         crashed = [r.error for r in records if r.error and r.error.startswith("replica ")]
@@ -199,8 +220,12 @@ class TrialRunner:
             replica, cause = self._crash
             self.failure = f"replica {replica} crashed during step {step} (no fault was injected): {cause}"
             return self._infeasible_result(self.failure)
-        carried = trial_metrics(self.steps, num_accelerators=self.num_accelerators,
-                                penalty_latency_s=context.penalty_latency_s, ref_records=self.ref_records)
+        carried = trial_metrics(
+            self.steps,
+            num_accelerators=self.num_accelerators,
+            penalty_latency_s=context.penalty_latency_s,
+            ref_records=self.ref_records,
+        )
         seen = observations(self.steps, self.num_accelerators)
         done = capacity.next_step(context.plan, seen) is None
         reason = ""
@@ -212,26 +237,37 @@ class TrialRunner:
             failing = [s for s in self.steps if not s.passed]
             if failing:
                 lowest = min(failing, key=lambda s: s.arrival_rps)
-                reason += (f"; lowest failing step {lowest.load_step} ({lowest.load_factor:.3g}x, "
-                           f"{lowest.arrival_rps:.2f} rps): {_why(lowest)}")
+                reason += (
+                    f"; lowest failing step {lowest.load_step} ({lowest.load_factor:.3g}x, "
+                    f"{lowest.arrival_rps:.2f} rps): {_why(lowest)}"
+                )
         nodes = sorted({str(i.get("node")) for i in self.pool.info if i.get("node")})
-        return {**summary.metrics, **carried, **health, "num_accelerators": float(self.num_accelerators),
-                "replica_nodes": ",".join(nodes), "phase": str(phase),
-                "engine_start_s": round(self.start_s, 2),
-                "step_wall_s": round(time.perf_counter() - began, 2),
-                "trial_status": str(TrialStatus.COMPLETED if done else TrialStatus.RUNNING),
-                "status_reason": reason, "done": done}
+        return {
+            **summary.metrics,
+            **carried,
+            **health,
+            "num_accelerators": float(self.num_accelerators),
+            "replica_nodes": ",".join(nodes),
+            "phase": str(phase),
+            "engine_start_s": round(self.start_s, 2),
+            "step_wall_s": round(time.perf_counter() - began, 2),
+            "trial_status": str(TrialStatus.COMPLETED if done else TrialStatus.RUNNING),
+            "status_reason": reason,
+            "done": done,
+        }
 
-    async def _run(self, plan: list[PlannedRequest], step: int, faults: list[Fault],
-                   window_s: float) -> list[RequestRecord]:
+    async def _run(
+        self, plan: list[PlannedRequest], step: int, faults: list[Fault], window_s: float
+    ) -> list[RequestRecord]:
         pool = self.pool
         assert pool is not None
         await pool.reset_prefix_cache()
         start = min(p.scheduled_s for p in plan if not p.in_warmup)
         tasks = [asyncio.ensure_future(self._inject(f, start + f.at_fraction * window_s)) for f in faults]
         try:
-            return await replay_step(pool, plan, deadline_s=self.context.deadline_s,
-                                     id_prefix=f"{self.trial_id}-s{step}")
+            return await replay_step(
+                pool, plan, deadline_s=self.context.deadline_s, id_prefix=f"{self.trial_id}-s{step}"
+            )
         finally:
             for task in tasks:
                 task.cancel()
@@ -248,30 +284,48 @@ class TrialRunner:
     def _health_metrics(self, records: list[RequestRecord], planned: int) -> dict[str, float]:
         """Health events since the previous report, and the guarantee that no request is lost."""
         assert self.pool is not None
-        new = self.pool.declarations[self._declarations_seen:]
+        new = self.pool.declarations[self._declarations_seen :]
         self._declarations_seen = len(self.pool.declarations)
-        crash = next(((d.replica, d.cause) for d in new if d.crashed), None)
+        crash = next(((d.replica, d.cause or "") for d in new if d.crashed), None)
         # A replica whose requests died at the end of the step may not be declared yet: it crashed too.
         self._crash = crash or next(iter(self.pool.unexplained_deaths()), None)
         detections = [d.detection_s for d in new if d.detection_s is not None]
         accounted = sum(1 for r in records if r.ok or r.error)
-        return {"replica_failures": float(len(new)),
-                "detection_s": max(detections) if detections else 0.0,
-                "false_alarms": float(sum(1 for d in new if d.false_alarm)),
-                "retried_requests": float(sum(1 for r in records if r.retries)),
-                "lost_requests": float(planned - accounted)}
+        return {
+            "replica_failures": float(len(new)),
+            "detection_s": max(detections) if detections else 0.0,
+            "false_alarms": float(sum(1 for d in new if d.false_alarm)),
+            "retried_requests": float(sum(1 for r in records if r.retries)),
+            "lost_requests": float(planned - accounted),
+        }
 
     def _infeasible_result(self, reason: str) -> dict[str, Any]:
         penalty = self.context.penalty_latency_s
-        return {"load_step": float(max(1, len(self.steps))), "capacity_rps": 0.0,
-                "capacity_rps_per_accel": 0.0, "capacity_censored": 0.0, "slo_pass": 0.0,
-                "slo_headroom": 0.0, "slo_attainment": 0.0, "goodput_rps": 0.0,
-                "ref_ttft_p95_s": penalty, "ref_tpot_p95_s": penalty, "ref_e2e_p95_s": penalty,
-                "capacity_lo_rps_per_accel": 0.0, "capacity_inconsistent": 0.0,
-                "num_accelerators": float(self.num_accelerators), "replica_failures": 0.0,
-                "detection_s": 0.0, "false_alarms": 0.0, "retried_requests": 0.0, "lost_requests": 0.0,
-                "phase": str(Phase.CLIMB), "trial_status": str(TrialStatus.INFEASIBLE),
-                "status_reason": reason, "done": True}
+        return {
+            "load_step": float(max(1, len(self.steps))),
+            "capacity_rps": 0.0,
+            "capacity_rps_per_accel": 0.0,
+            "capacity_censored": 0.0,
+            "slo_pass": 0.0,
+            "slo_headroom": 0.0,
+            "slo_attainment": 0.0,
+            "goodput_rps": 0.0,
+            "ref_ttft_p95_s": penalty,
+            "ref_tpot_p95_s": penalty,
+            "ref_e2e_p95_s": penalty,
+            "capacity_lo_rps_per_accel": 0.0,
+            "capacity_inconsistent": 0.0,
+            "num_accelerators": float(self.num_accelerators),
+            "replica_failures": 0.0,
+            "detection_s": 0.0,
+            "false_alarms": 0.0,
+            "retried_requests": 0.0,
+            "lost_requests": 0.0,
+            "phase": str(Phase.CLIMB),
+            "trial_status": str(TrialStatus.INFEASIBLE),
+            "status_reason": reason,
+            "done": True,
+        }
 
     def close(self) -> None:
         """Shut the pool down (always safe to call, also twice or after a failed start)."""
@@ -320,8 +374,7 @@ async def _cancel_other_tasks() -> None:
 def _why(summary: StepSummary) -> str:
     metrics = summary.metrics
     failed = int(metrics.get("failed_requests", 0))
-    parts = [f"headroom {metrics.get('slo_headroom', 0):.2f}",
-             f"attainment {metrics.get('slo_attainment', 0):.0%}"]
+    parts = [f"headroom {metrics.get('slo_headroom', 0):.2f}", f"attainment {metrics.get('slo_attainment', 0):.0%}"]
     if failed:
         parts.append(f"{failed} failed requests")
     if metrics.get("overloaded"):

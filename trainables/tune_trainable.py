@@ -19,7 +19,7 @@ from trainables.vllm_engine import EngineSpec
 class PoolTrial(tune.Trainable):
     """Tune trainable: params dict -> `TrialRunner` -> one result per load step."""
 
-    def setup(self, config: dict[str, Any], context: TrialContext) -> None:
+    def setup(self, config: dict[str, Any], context: TrialContext) -> None:  # type: ignore[override]  # with_parameters
         placement_group = ray.util.get_current_placement_group()
         _, replicas, tp = engine_spec(context, config)
         # Tune drops an empty head bundle, so the replicas' bundles may start at 0.
@@ -29,10 +29,16 @@ class PoolTrial(tune.Trainable):
         gpus = 0 if context.on_cpu else tp
 
         async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
-            return await start_ray_pool(spec, replicas, placement_group=placement_group,
-                                        first_bundle=first_bundle, gpus_per_replica=gpus,
-                                        start_timeout_s=context.start_timeout_s, health=health,
-                                        replace=True)
+            return await start_ray_pool(
+                spec,
+                replicas,
+                placement_group=placement_group,
+                first_bundle=first_bundle,
+                gpus_per_replica=gpus,
+                start_timeout_s=context.start_timeout_s,
+                health=health,
+                replace=True,
+            )
 
         self.runner = TrialRunner(context, config, factory, trial_id=self.trial_id)
         self.runner.start()
@@ -59,7 +65,6 @@ def trial_resources(context: TrialContext):
         bundle = {"CPU": float(spec.cpu_cores)}
         if not context.on_cpu:
             bundle["GPU"] = float(tp)
-        return tune.PlacementGroupFactory([{}] + [dict(bundle) for _ in range(replicas)],
-                                          strategy="PACK")
+        return tune.PlacementGroupFactory([{}] + [dict(bundle) for _ in range(replicas)], strategy="PACK")
 
     return resources

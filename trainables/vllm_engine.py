@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
-from tuner.errors import EngineError
+from tuner.errors import EngineDied, EngineError
 from tuner.vllm_args import serve_argv
 
 _CORE_LOCK_DIR = Path(os.environ.get("VLLM_TUNER_CORE_LOCKS", "/tmp/vllm-tuner-cores"))
@@ -115,13 +115,21 @@ def _terminate_with_parent() -> None:
 def start_pinned(argv: list[str], cores: list[int], *, env: dict[str, str], stdout: Any) -> subprocess.Popen:
     """Start `argv` in its own process group, on `cores` from its first instruction (so every process it
     spawns, vLLM's engine core included, starts there too)."""
+
     def pin() -> None:
         _terminate_with_parent()
         if cores:
             os.sched_setaffinity(0, cores)
 
-    return subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=pin)
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=pin,
+    )
 
 
 class VllmEngine:
@@ -172,8 +180,7 @@ class VllmEngine:
             os.close(saved_stderr)
         if cores:  # this process (the engine's frontend) and its client work on the other cores
             set_process_affinity(os.getpid(), other_cores(cores, allowed))
-        self.info.update(pid=os.getpid(), start_s=round(time.perf_counter() - started, 2),
-                         node=_ray_node_id())
+        self.info.update(pid=os.getpid(), start_s=round(time.perf_counter() - started, 2), node=_ray_node_id())
         return self.info
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
@@ -184,8 +191,13 @@ class VllmEngine:
         # ignore_eos alone gives exactly max_tokens tokens; min_tokens would add a logits processor to
         # every decode step that no real client asks for (it cost the small-batch config ~30% of its
         # capacity in benchmarks/capacity.py).
-        params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True, temperature=0.0,
-                                detokenize=False, output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            max_tokens=request.output_tokens,
+            ignore_eos=True,
+            temperature=0.0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         produced, gaps, last, queue_s = 0, [], None, None
         try:
@@ -202,13 +214,13 @@ class VllmEngine:
                     last, produced = now, produced + new
                 if out.finished:
                     stats = out.metrics
-                    if stats is not None and getattr(stats, "scheduled_ts", 0) and stats.queued_ts:
+                    if stats is not None and getattr(stats, "scheduled_ts", None) and stats.queued_ts:
                         queue_s = max(0.0, stats.scheduled_ts - stats.queued_ts)
         except Exception as error:
             if self._engine is not None and self._engine.errored:
                 # The engine is dead, not just this request: fail the replica, so the pool stops routing
                 # to it and retries its requests elsewhere.
-                raise EngineError(f"vLLM engine died: {self._death_reason()}") from None
+                raise EngineDied(f"vLLM engine died: {self._death_reason()}") from None
             yield Finished(request.request_id, produced, tuple(gaps), queue_s, error=root_cause(error))
             return
         yield Finished(request.request_id, produced, tuple(gaps), queue_s)
@@ -216,7 +228,7 @@ class VllmEngine:
     async def ping(self) -> float:
         """Answers while the engine lives; raises EngineError with vLLM's reason once it has died."""
         if self._engine is not None and self._engine.errored:
-            raise EngineError(f"vLLM engine died: {self._death_reason()}")
+            raise EngineDied(f"vLLM engine died: {self._death_reason()}")
         return time.monotonic()
 
     def _death_reason(self) -> str:
@@ -232,8 +244,11 @@ class VllmEngine:
             codes = []
         if codes:
             code = codes[0]
-            how = f"killed by signal {-code}" + (" (SIGKILL: out of memory?)" if code == -9 else "") \
-                if code < 0 else f"exit status {code}"
+            how = (
+                f"killed by signal {-code}" + (" (SIGKILL: out of memory?)" if code == -9 else "")
+                if code < 0
+                else f"exit status {code}"
+            )
             return f"the engine-core process ended ({how})"
         return root_cause(self._engine.dead_error)
 
@@ -300,8 +315,9 @@ class VllmServer:
         argv = server_command(self._spec.engine_args, port)
         self._log_path = Path(tempfile.mkstemp(prefix="vllm-tuner-server-", suffix=".log")[1])
         with open(self._log_path, "w") as log:  # the guard leads the group and outlives nothing of it
-            self._process = start_pinned([sys.executable, str(Path(__file__).with_name("server_guard.py")),
-                                          *argv], cores, env=env, stdout=log)
+            self._process = start_pinned(
+                [sys.executable, str(Path(__file__).with_name("server_guard.py")), *argv], cores, env=env, stdout=log
+            )
         self.url = f"http://127.0.0.1:{port}"
         try:
             await self._wait_ready(timeout_s)
@@ -311,8 +327,14 @@ class VllmServer:
         server_pid = (_children(self._process.pid) or [self._process.pid])[0]
         if cores:  # the API server works on the other cores; its engine-core child stays on the claimed ones
             set_process_affinity(server_pid, other_cores(cores))
-        self.info.update(url=self.url, pid=os.getpid(), server_pid=server_pid, group=self._process.pid,
-                         start_s=round(time.perf_counter() - started, 2), node=_ray_node_id())
+        self.info.update(
+            url=self.url,
+            pid=os.getpid(),
+            server_pid=server_pid,
+            group=self._process.pid,
+            start_s=round(time.perf_counter() - started, 2),
+            node=_ray_node_id(),
+        )
         return self.info
 
     async def _wait_ready(self, timeout_s: float) -> None:
@@ -322,8 +344,9 @@ class VllmServer:
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
                 if self._process is None or self._process.poll() is not None:
-                    reason = (_reason_from_log(self._log_path) if self._log_path else None) or \
-                        f"the server exited with status {self._process.returncode if self._process else '?'}"
+                    reason = (
+                        _reason_from_log(self._log_path) if self._log_path else None
+                    ) or f"the server exited with status {self._process.returncode if self._process else '?'}"
                     raise EngineError(f"vLLM engine failed to start: {reason}")
                 try:
                     async with session.get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=2)) as reply:
@@ -344,15 +367,18 @@ class VllmServer:
                 async with session.get(f"{self.url}/health") as reply:
                     if reply.status != 200:  # vLLM's server answers 503 once its engine is dead
                         self._raise_if_dead()
-                        raise EngineError(f"vLLM engine died: {self._log_reason() or 'its engine core died'} "
-                                          f"(/health answered {reply.status})")
+                        raise EngineDied(
+                            f"vLLM engine died: {self._log_reason() or 'its engine core died'} "
+                            f"(/health answered {reply.status})"
+                        )
             except aiohttp.ClientConnectorError as error:
                 # Our own server refusing connections on loopback is going away: say why, once it has.
                 for _ in range(20):
                     self._raise_if_dead()
                     await asyncio.sleep(0.1)
-                raise EngineError(f"vLLM engine died: {self._log_reason() or 'its server stopped listening'} "
-                                  f"({error_line_of(error)})") from None
+                raise EngineDied(
+                    f"vLLM engine died: {self._log_reason() or 'its server stopped listening'} ({error_line_of(error)})"
+                ) from None
         return time.monotonic()
 
     def _log_reason(self) -> str | None:
@@ -367,9 +393,12 @@ class VllmServer:
         process = self._process
         if process is not None and process.poll() is not None:
             code = process.returncode
-            how = f"killed by signal {-code}" + (" (SIGKILL: out of memory?)" if code == -9 else "") \
-                if code < 0 else f"exit status {code}"
-            raise EngineError(f"vLLM engine died: {self._log_reason() or f'the server process ended ({how})'}")
+            how = (
+                f"killed by signal {-code}" + (" (SIGKILL: out of memory?)" if code == -9 else "")
+                if code < 0
+                else f"exit status {code}"
+            )
+            raise EngineDied(f"vLLM engine died: {self._log_reason() or f'the server process ended ({how})'}")
 
     async def reset_prefix_cache(self) -> None:
         import aiohttp
@@ -439,9 +468,21 @@ def server_command(engine_args: dict[str, Any], port: int) -> list[str]:
     if not args.get("disable_log_stats"):  # logging stats is the server's default; it has no --no- flag
         args.pop("disable_log_stats", None)
     model = args.pop("model")
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-            "--disable-uvicorn-access-log", *serve_argv(args)]
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+        *serve_argv(args),
+    ]
 
 
 def error_line_of(error: BaseException) -> str:
@@ -498,8 +539,11 @@ def root_cause(error: BaseException) -> str:
             return f"{type(error).__name__}: {where}: {first.get('msg')} (got {first.get('input')!r})"
         except Exception:
             pass
-    lines = [line.strip() for line in str(error).strip().splitlines()
-             if line.strip() and not line.strip().startswith("For further information")]
+    lines = [
+        line.strip()
+        for line in str(error).strip().splitlines()
+        if line.strip() and not line.strip().startswith("For further information")
+    ]
     return f"{type(error).__name__}: {lines[-1] if lines else ''}".strip()
 
 
@@ -528,11 +572,16 @@ def _reason_from_log(path: Path) -> str | None:
             continue
         reason = match.group(1)
         if _VALIDATION_HEADER.search(reason):
-            detail = [_strip_log_prefix(x) for x in lines[index + 1: index + 3] if x.strip()]
+            detail = [_strip_log_prefix(x) for x in lines[index + 1 : index + 3] if x.strip()]
             reason = f"{reason}: {'; '.join(d for d in detail if d)}" if detail else reason
         reasons.append(reason)
-    generic = ("Engine core initialization failed", "RuntimeError: Engine core", "See stack trace",
-               "see root cause", "initialization failed due to an exception")
+    generic = (
+        "Engine core initialization failed",
+        "RuntimeError: Engine core",
+        "See stack trace",
+        "see root cause",
+        "initialization failed due to an exception",
+    )
     specific = [r for r in reasons if not any(g in r for g in generic)]
     return (specific or reasons or [None])[-1]
 
@@ -552,13 +601,20 @@ def vllm_defaults(engine_args: dict[str, Any], names: list[str]) -> dict[str, An
     This is the baseline a search compares against. Raises EngineError when vLLM rejects the args
     (for example a model path it cannot read).
     """
+    import logging
+
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
+    # vLLM narrates its config resolution (INFO and platform WARNINGs): nothing a user of the search can act
+    # on, and the search's own progress lines would drown in it. Its errors still come through.
+    logging.disable(logging.WARNING)  # vLLM's loggers carry their own levels: only a global switch reaches them
     try:
         config = AsyncEngineArgs(**engine_args).create_engine_config(UsageContext.ENGINE_CONTEXT)
     except Exception as error:
         raise EngineError(f"vLLM rejected the engine arguments: {root_cause(error)}") from None
+    finally:
+        logging.disable(logging.NOTSET)
     sources = (config.scheduler_config, config.cache_config, config.parallel_config, config.model_config)
     out: dict[str, Any] = {}
     for name in names:

@@ -63,12 +63,16 @@ class CapacityPlan:
 
     def __post_init__(self) -> None:
         if not (self.growth > 1 and 0 < self.min_factor <= self.start_factor <= self.max_factor):
-            raise ValueError("growth > 1 and 0 < min_factor <= start_factor <= max_factor must hold, but got "
-                             f"growth {self.growth}, min {self.min_factor}, start {self.start_factor}, "
-                             f"max {self.max_factor}")
+            raise ValueError(
+                "growth > 1 and 0 < min_factor <= start_factor <= max_factor must hold, but got "
+                f"growth {self.growth}, min {self.min_factor}, start {self.start_factor}, "
+                f"max {self.max_factor}"
+            )
         if not (self.resolution > 0 and self.noise >= 0 and self.max_steps >= 1):
-            raise ValueError(f"resolution > 0, noise >= 0 and max_steps >= 1 must hold, but got "
-                             f"{self.resolution}, {self.noise}, {self.max_steps}")
+            raise ValueError(
+                f"resolution > 0, noise >= 0 and max_steps >= 1 must hold, but got "
+                f"{self.resolution}, {self.noise}, {self.max_steps}"
+            )
 
     @property
     def width(self) -> float:
@@ -141,8 +145,15 @@ def _loads(observations: Sequence[Observation]) -> list[_Load]:
     for observation in observations:
         key = next((f for f in groups if math.isclose(f, observation.factor, rel_tol=_SAME)), observation.factor)
         groups.setdefault(key, []).append(observation)
-    loads = [_Load(factor, sum(o.rate for o in group) / len(group), sum(o.passed for o in group),
-                   sum(not o.passed for o in group)) for factor, group in groups.items()]
+    loads = [
+        _Load(
+            factor,
+            sum(o.rate for o in group) / len(group),
+            sum(o.passed for o in group),
+            sum(not o.passed for o in group),
+        )
+        for factor, group in groups.items()
+    ]
     return sorted(loads, key=lambda load: load.factor)
 
 
@@ -165,8 +176,13 @@ def bracket(observations: Sequence[Observation]) -> Bracket:
         over = [load for load in failed if load.rate > highest_pass.rate]
         if inconsistent:
             hi = min(over, key=lambda load: load.rate) if over else highest_pass
-    return Bracket(capacity=lo.rate if lo else 0.0, hi=hi.rate, lo_factor=lo.factor if lo else None,
-                   hi_factor=hi.factor, inconsistent=inconsistent)
+    return Bracket(
+        capacity=lo.rate if lo else 0.0,
+        hi=hi.rate,
+        lo_factor=lo.factor if lo else None,
+        hi_factor=hi.factor,
+        inconsistent=inconsistent,
+    )
 
 
 def next_step(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[float, Phase] | None:
@@ -221,8 +237,11 @@ def describe(current: Bracket, stop: Limit, plan: CapacityPlan, *, reference_rps
         low = plan.min_factor * reference_rps
         return f"fails the SLO at every load tried (down to {plan.min_factor:g}x, {low:.3g} rps/accel)"
     if current.censored:
-        why = (f"passed the capacity search's maximum load ({plan.max_factor:g}x)" if stop == Limit.MAX_LOAD
-               else "stopped before any step failed")
+        why = (
+            f"passed the capacity search's maximum load ({plan.max_factor:g}x)"
+            if stop == Limit.MAX_LOAD
+            else "stopped before any step failed"
+        )
         return f">= {current.capacity:.3g} rps/accel ({why})"
     assert current.hi is not None
     text = f"{current.capacity:.3g} rps/accel (bracket {current.capacity:.3g}-{current.hi:.3g})"

@@ -33,8 +33,13 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Search config YAML (default: the embedded examples/default.yaml).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Search config YAML (default: the embedded examples/default.yaml).",
+)
 @click.option("--name", default=None, help="Experiment name (MLflow experiment); overrides `name`.")
 @click.option("--num-samples", type=int, default=None, help="Number of trials; overrides budget.num_samples.")
 @click.option("--time-budget-s", type=float, default=None, help="Stop starting trials after this many seconds.")
@@ -44,33 +49,71 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--slo", default=None, help="SLO string, e.g. 'ttft:p95<2s; tpot:p95<50ms'.")
 @click.option("--model", default=None, help="Model path or Hugging Face id; overrides model.path.")
 @click.option("--workload", default=None, help="Trace file; overrides workload.path.")
-@click.option("--trial-timeout-s", type=float, default=None,
-              help="A trial still running after this long ends as infeasible; overrides budget.trial_timeout_s.")
-@click.option("--resume", is_flag=True,
-              help="Continue the latest unfinished search named --name (after the driver was killed).")
-@click.option("--dry-run", is_flag=True,
-              help="Validate everything and check placement; start no engine and write nothing.")
-def search(config_path, name, num_samples, time_budget_s, tracking_uri, address, space, slo, model,
-           workload, trial_timeout_s, resume, dry_run) -> None:
+@click.option(
+    "--trial-timeout-s",
+    type=float,
+    default=None,
+    help="A trial still running after this long ends as infeasible; overrides budget.trial_timeout_s.",
+)
+@click.option(
+    "--resume", is_flag=True, help="Continue the latest unfinished search named --name (after the driver was killed)."
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Validate everything and check placement; start no engine and write nothing."
+)
+def search(
+    config_path,
+    name,
+    num_samples,
+    time_budget_s,
+    tracking_uri,
+    address,
+    space,
+    slo,
+    model,
+    workload,
+    trial_timeout_s,
+    resume,
+    dry_run,
+) -> None:
     """Run a search (on the embedded defaults when no --config is given)."""
     from tuner.config import load_config
     from tuner.search import run_search
 
-    config = load_config(config_path, {
-        "name": name, "budget.num_samples": num_samples, "budget.time_budget_s": time_budget_s,
-        "tracking.uri": tracking_uri, "ray.address": address, "space": space, "slo": slo,
-        "model.path": model, "workload.path": workload, "budget.trial_timeout_s": trial_timeout_s},
-        flags=FLAGS)
+    config = load_config(
+        config_path,
+        {
+            "name": name,
+            "budget.num_samples": num_samples,
+            "budget.time_budget_s": time_budget_s,
+            "tracking.uri": tracking_uri,
+            "ray.address": address,
+            "space": space,
+            "slo": slo,
+            "model.path": model,
+            "workload.path": workload,
+            "budget.trial_timeout_s": trial_timeout_s,
+        },
+        flags=FLAGS,
+    )
     outcome = run_search(config, progress=lambda line: print(line, flush=True), dry_run=dry_run, resume=resume)
     if outcome is not None:
         print_summary(outcome)
 
 
 # Where each override came from, so an error names the flag the user typed.
-FLAGS = {"name": "--name", "budget.num_samples": "--num-samples", "budget.time_budget_s": "--time-budget-s",
-         "tracking.uri": "--tracking-uri", "ray.address": "--address", "space": "--space", "slo": "--slo",
-         "model.path": "--model", "workload.path": "--workload",
-         "budget.trial_timeout_s": "--trial-timeout-s"}
+FLAGS = {
+    "name": "--name",
+    "budget.num_samples": "--num-samples",
+    "budget.time_budget_s": "--time-budget-s",
+    "tracking.uri": "--tracking-uri",
+    "ray.address": "--address",
+    "space": "--space",
+    "slo": "--slo",
+    "model.path": "--model",
+    "workload.path": "--workload",
+    "budget.trial_timeout_s": "--trial-timeout-s",
+}
 
 
 def print_summary(outcome) -> None:
@@ -81,8 +124,10 @@ def print_summary(outcome) -> None:
     console = Console()
     console.width = max(console.width, 150)
     counts = {s: sum(t.status == s for t in outcome.trials) for s in FINAL_STATUSES}
-    console.print(f"\n{len(outcome.trials)} trials in {outcome.wall_s / 60:.1f} min: "
-                  + ", ".join(f"{v} {k.value.replace('_', ' ')}" for k, v in counts.items()))
+    console.print(
+        f"\n{len(outcome.trials)} trials in {outcome.wall_s / 60:.1f} min: "
+        + ", ".join(f"{v} {k.value.replace('_', ' ')}" for k, v in counts.items())
+    )
     table = Table(title="Pareto-optimal configs (capacity per accelerator vs latency at the reference load)")
     params = sorted({k for t in outcome.pareto for k, v in t.params.items() if not isinstance(v, bool)})
     for column in ["trial", "status", *params, "capacity rps/accel [bracket]", "ref ttft p95 s", "ref tpot p95 s"]:
@@ -90,24 +135,33 @@ def print_summary(outcome) -> None:
     for trial in outcome.pareto:
         metrics = trial.metrics
         marker = " (baseline)" if outcome.baseline is trial else ""
-        table.add_row(trial.trial_id + marker, str(trial.status), *[_show(trial.params.get(p)) for p in params],
-                      _capacity_cell(metrics), f"{metrics.get('ref_ttft_p95_s', 0):.3f}",
-                      f"{metrics.get('ref_tpot_p95_s', 0):.4f}")
+        table.add_row(
+            trial.trial_id + marker,
+            str(trial.status),
+            *[_show(trial.params.get(p)) for p in params],
+            _capacity_cell(metrics),
+            f"{metrics.get('ref_ttft_p95_s', 0):.3f}",
+            f"{metrics.get('ref_tpot_p95_s', 0):.4f}",
+        )
     console.print(table)
     if not outcome.pareto:
         console.print("no trial passed a load step: nothing is Pareto-optimal (see the trial reasons above)")
     base = outcome.baseline
     best = max(outcome.pareto, key=lambda t: t.metrics.get("capacity_rps_per_accel", 0), default=None)
     if base is not None:
-        line = (f"baseline (vLLM defaults), trial {base.trial_id}: {base.status}, "
-                f"{capacity_text(base.metrics, base.status)}, ref ttft p95 "
-                f"{base.metrics.get('ref_ttft_p95_s', 0):.3f}s")
+        line = (
+            f"baseline (vLLM defaults), trial {base.trial_id}: {base.status}, "
+            f"{capacity_text(base.metrics, base.status)}, ref ttft p95 "
+            f"{base.metrics.get('ref_ttft_p95_s', 0):.3f}s"
+        )
         if best is not None and best is not base:
             line += f"; highest capacity: trial {best.trial_id}, {capacity_text(best.metrics, best.status)}"
             line += " (one measurement each: see the README on repeatability)"
         console.print(line)
-    console.print(f"MLflow: {outcome.tracking_uri}  experiment {outcome.experiment!r}, "
-                  f"parent run {outcome.parent_run_id} (pareto.json, pareto.png)")
+    console.print(
+        f"MLflow: {outcome.tracking_uri}  experiment {outcome.experiment!r}, "
+        f"parent run {outcome.parent_run_id} (pareto.json, pareto.png)"
+    )
 
 
 def _capacity_cell(metrics: dict[str, float]) -> str:

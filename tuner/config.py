@@ -59,34 +59,47 @@ class CapacitySection(_Strict):
     resolution: float = Field(0.10, gt=0, description="refine until the bracket is this narrow (relative)")
     noise: float = Field(0.0, ge=0, description="measured step-to-step noise; refine no finer than this")
     measured_requests: int | None = Field(
-        None, ge=1, description="per step; null = enough for tail_requests above the SLO's highest percentile")
+        None, ge=1, description="per step; null = enough for tail_requests above the SLO's highest percentile"
+    )
     tail_requests: int = Field(10, ge=1, description="requests above the SLO's percentile in every step")
     min_window_s: float = Field(
-        20, ge=0, description="a step's measured window lasts at least this long (more requests at high rates)")
+        20, ge=0, description="a step's measured window lasts at least this long (more requests at high rates)"
+    )
     warmup_requests: int = Field(20, ge=0, description="sent evenly before the measured ones, not counted")
     windows: int = Field(4, ge=1, description="runs of consecutive requests, at random offsets, per step")
     deadline_s: float = Field(15, gt=0, description="after the last send; unfinished requests then fail")
     sustain_horizon_s: float | None = Field(
-        60, gt=0, description="a step whose TTFT trend breaks the bound within this long fails; null = off")
+        60, gt=0, description="a step whose TTFT trend breaks the bound within this long fails; null = off"
+    )
     max_steps: int = Field(12, ge=1, description="steps per trial at most")
     max_step_s: float = Field(600, gt=0, description="longest step allowed (checked before the search)")
 
     @model_validator(mode="after")
     def _check(self) -> CapacitySection:
         if not self.min_factor <= self.start_factor <= self.max_factor:
-            raise ValueError(f"`min_factor <= start_factor <= max_factor` must hold, but got {self.min_factor}, "
-                             f"{self.start_factor}, {self.max_factor}")
+            raise ValueError(
+                f"`min_factor <= start_factor <= max_factor` must hold, but got {self.min_factor}, "
+                f"{self.start_factor}, {self.max_factor}"
+            )
         power = math.log(1 / self.start_factor, self.growth)
         if abs(power - round(power)) > 1e-6 or round(power) < 0:
-            raise ValueError(f"start_factor must be 1 or growth^-k so that the climb measures the reference "
-                             f"load (1x), but got {self.start_factor} with growth {self.growth} "
-                             f"(try {self.growth ** -max(0, math.ceil(power - 1e-6)):g})")
+            raise ValueError(
+                f"start_factor must be 1 or growth^-k so that the climb measures the reference "
+                f"load (1x), but got {self.start_factor} with growth {self.growth} "
+                f"(try {self.growth ** -max(0, math.ceil(power - 1e-6)):g})"
+            )
         return self
 
     def plan(self) -> CapacityPlan:
-        return CapacityPlan(start_factor=self.start_factor, growth=self.growth, max_factor=self.max_factor,
-                            min_factor=self.min_factor, resolution=self.resolution, noise=self.noise,
-                            max_steps=self.max_steps)
+        return CapacityPlan(
+            start_factor=self.start_factor,
+            growth=self.growth,
+            max_factor=self.max_factor,
+            min_factor=self.min_factor,
+            resolution=self.resolution,
+            noise=self.noise,
+            max_steps=self.max_steps,
+        )
 
 
 class Objective(_Strict):
@@ -99,7 +112,8 @@ class AshaSection(_Strict):
     mode: Literal["max", "min"] = "max"
     reduction_factor: float = Field(2, gt=1)
     grace_period: int | None = Field(
-        None, ge=1, description="null = the first step at twice the reference load (or the last step)")
+        None, ge=1, description="null = the first step at twice the reference load (or the last step)"
+    )
 
 
 class BudgetSection(_Strict):
@@ -141,11 +155,16 @@ class SearchConfig(_Strict):
     space: str = "cpu-smoke"
     slo: str = "ttft:p95<2s; tpot:p95<30ms"
     serving: Literal["openai-server", "in-process"] = Field(
-        "openai-server", description="replicas as deployed (vLLM's OpenAI server, over HTTP) or in-process")
+        "openai-server", description="replicas as deployed (vLLM's OpenAI server, over HTTP) or in-process"
+    )
     capacity: CapacitySection = CapacitySection()
     objectives: list[Objective] = Field(
-        default_factory=lambda: [Objective(metric="capacity_rps_per_accel", mode="max"),
-                                 Objective(metric="ref_ttft_p95_s", mode="min")], min_length=1)
+        default_factory=lambda: [
+            Objective(metric="capacity_rps_per_accel", mode="max"),
+            Objective(metric="ref_ttft_p95_s", mode="min"),
+        ],
+        min_length=1,
+    )
     asha: AshaSection = AshaSection()
     budget: BudgetSection = BudgetSection()
     health: HealthSection = Field(HealthSection(), description="defaults when the space does not tune them")
@@ -167,12 +186,14 @@ class SearchConfig(_Strict):
             raise ValueError(
                 "ladder: the fixed load ladder was replaced by a capacity search per trial; write a `capacity:` "
                 "section instead, e.g. capacity: {start_factor: 1, growth: 2, max_factor: 16, resolution: 0.1} "
-                "(step_duration_s and warmup_s became measured_requests and warmup_requests; see the README)")
+                "(step_duration_s and warmup_s became measured_requests and warmup_requests; see the README)"
+            )
         for index, fault in enumerate(data.get("faults") or [] if isinstance(data, dict) else []):
             if isinstance(fault, dict) and "step" in fault:
                 raise ValueError(
                     f"faults.{index}.step: faults are keyed to a load now, not a step number: write at_load: "
-                    "FACTOR (the fault strikes in the first step at or above that multiple of the reference load)")
+                    "FACTOR (the fault strikes in the first step at or above that multiple of the reference load)"
+                )
         return data
 
     @model_validator(mode="after")
@@ -184,7 +205,8 @@ class SearchConfig(_Strict):
                 raise ValueError(
                     f"capacity.measured_requests: {capacity.measured_requests} requests per step leave fewer than "
                     f"tail_requests={capacity.tail_requests} above the SLO's highest percentile (that needs "
-                    f"{needed}); raise measured_requests or lower capacity.tail_requests")
+                    f"{needed}); raise measured_requests or lower capacity.tail_requests"
+                )
         return self
 
     def measured_requests(self) -> int:
@@ -199,8 +221,9 @@ def slo_percentiles(slo: Slo) -> list[float]:
     return [50.0 if term.stat == "mean" else float(term.stat[1:]) for term in slo.terms]
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                flags: dict[str, str] | None = None) -> SearchConfig:
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None
+) -> SearchConfig:
     """Read a search config (the embedded default when `path` is None) and apply dotted overrides.
 
     Relative paths inside the file are resolved against the file's folder. Raises ConfigError naming

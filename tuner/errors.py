@@ -4,6 +4,7 @@ TunerError
  ├── ConfigError      a search config, search space or SLO string is invalid
  ├── WorkloadError    a trace file cannot be read or is empty after filtering
  ├── EngineError      a vLLM engine would not start or crashed
+ │    └── EngineDied  a replica's engine or server is gone: the replica is dead, not one request
  ├── TrackingError    MLflow holds no usable record for the request
  └── ExportError      no trial can be exported
 """
@@ -25,6 +26,11 @@ class WorkloadError(TunerError):
 
 class EngineError(TunerError):
     """A vLLM engine failed to start, crashed, or timed out."""
+
+
+class EngineDied(EngineError):
+    """A replica's engine or server is gone (its process ended, its actor died): the replica is dead, as
+    opposed to one request failing. The health monitor and the router act on this type, never on text."""
 
 
 class TrackingError(TunerError):

@@ -237,9 +237,14 @@ def rejudge(trial: TrialRow, slo: Slo) -> TrialRow:
     accelerators = int(metrics.get("num_accelerators") or 1)
     if trial.status not in FEASIBLE_STATUSES or not trial.steps:
         return trial
-    seen = [Observation(float(step.get("load_factor", 0.0)),
-                        float(step.get("arrival_rps", step.get("offered_rps", 0.0))) / accelerators,
-                        step_passes(step, slo)) for step in trial.steps]
+    seen = [
+        Observation(
+            float(step.get("load_factor", 0.0)),
+            float(step.get("arrival_rps", step.get("offered_rps", 0.0))) / accelerators,
+            step_passes(step, slo),
+        )
+        for step in trial.steps
+    ]
     for key in ("capacity_hi_rps_per_accel",):
         metrics.pop(key, None)
     metrics.update(capacity_metrics(bracket(seen), accelerators))
@@ -344,9 +349,7 @@ def deployment_for(record: SearchRecord, trial: TrialRow, options: ExportOptions
     if record.max_model_len:
         args["max_model_len"] = record.max_model_len
     args.update({k: v for k, v in record.engine_args.items() if k not in _MEASUREMENT_ONLY_ARGS})
-    args.update(
-        {k: v for k, v in trial.params.items() if k not in POOL_PARAMS and k not in _MEASUREMENT_ONLY_ARGS}
-    )
+    args.update({k: v for k, v in trial.params.items() if k not in POOL_PARAMS and k not in _MEASUREMENT_ONLY_ARGS})
     if record.device == "cpu" and "gpu_memory_utilization" in args:
         fraction = float(args.pop("gpu_memory_utilization"))
         args["kv_cache_memory_bytes"] = int(fraction * int(record.kv_budget_mib * (1 << 20)))
@@ -405,9 +408,7 @@ def render_vllm_serve(deployment: Deployment, header: Sequence[str]) -> str:
             "servers behind a load balancer, or deploy serve-llm.yaml."
         )
     if deployment.host not in ("127.0.0.1", "localhost", "::1"):
-        lines.append(
-            f"host {deployment.host} listens beyond loopback: put it behind your own access control."
-        )
+        lines.append(f"host {deployment.host} listens beyond loopback: put it behind your own access control.")
     body = yaml.safe_dump(vllm_serve_config(deployment), sort_keys=False)
     return _comment(lines) + body
 
@@ -448,9 +449,7 @@ def serve_config(deployment: Deployment, *, app_name: str, host: str | None = No
     }
 
 
-def render_serve_llm(
-    deployment: Deployment, header: Sequence[str], *, app_name: str, host: str | None = None
-) -> str:
+def render_serve_llm(deployment: Deployment, header: Sequence[str], *, app_name: str, host: str | None = None) -> str:
     """`serve-llm.yaml`, with the health-check comment placed above `deployment_config`.
 
     `host` overrides where the Serve proxy listens (the RayService passes 0.0.0.0; see there).
@@ -470,9 +469,7 @@ def render_serve_llm(
     return _comment(lines) + body
 
 
-def rayservice_manifest(
-    deployment: Deployment, serve_yaml: str, *, name: str, ray_version: str
-) -> dict[str, Any]:
+def rayservice_manifest(deployment: Deployment, serve_yaml: str, *, name: str, ray_version: str) -> dict[str, Any]:
     """A KubeRay `RayService`: the Serve config as `serveConfigV2`, a head pod and one worker group."""
     gpu_key = (
         _gpu_resource(deployment.target_accelerator)
@@ -680,20 +677,31 @@ def capacity_summary(trial: TrialRow) -> dict[str, Any]:
     censored = bool(metrics.get("capacity_censored"))
     hi = metrics.get("capacity_hi_rps_per_accel")
     if censored:
-        why = ("the trial was stopped before any step failed" if trial.status == TrialStatus.EARLY_STOPPED
-               else "no step failed up to the capacity search's maximum load")
+        why = (
+            "the trial was stopped before any step failed"
+            if trial.status == TrialStatus.EARLY_STOPPED
+            else "no step failed up to the capacity search's maximum load"
+        )
         text = f">= {trial.capacity:.3g} requests/s per accelerator (a lower bound: {why})"
     elif trial.capacity <= 0:
         text = "no load passed: fails the SLO at every load tried"
     else:
-        text = f"{trial.capacity:.3g} requests/s per accelerator (it failed at {hi:.3g})" if hi is not None \
+        text = (
+            f"{trial.capacity:.3g} requests/s per accelerator (it failed at {hi:.3g})"
+            if hi is not None
             else f"{trial.capacity:.3g} requests/s per accelerator"
+        )
         if metrics.get("capacity_inconsistent"):
             text += "; inconsistent: a load above a failure passed twice"
-    return {"rps_per_accel": trial.capacity, "lo_rps_per_accel": metrics.get("capacity_lo_rps_per_accel"),
-            "hi_rps_per_accel": hi, "censored": censored,
-            "inconsistent": bool(metrics.get("capacity_inconsistent")), "text": text,
-            "measurements": "one capacity search of this config (see the README on repeatability)"}
+    return {
+        "rps_per_accel": trial.capacity,
+        "lo_rps_per_accel": metrics.get("capacity_lo_rps_per_accel"),
+        "hi_rps_per_accel": hi,
+        "censored": censored,
+        "inconsistent": bool(metrics.get("capacity_inconsistent")),
+        "text": text,
+        "measurements": "one capacity search of this config (see the README on repeatability)",
+    }
 
 
 def scrub(value: Any) -> Any:
@@ -746,9 +754,7 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
         if runs:
             break
     else:
-        raise TrackingError(
-            f"experiment {experiment!r}: its search run {parents[0].info.run_id} has no trials"
-        )
+        raise TrackingError(f"experiment {experiment!r}: its search run {parents[0].info.run_id} has no trials")
     documents = _documents(client, parent.info.run_id)
     trials = tuple(_trial_row(client, run, with_steps) for run in runs)
     objectives = _objectives(parent.data.params.get("objectives"), documents.get("search_config.yaml") or {})
@@ -943,9 +949,7 @@ def render_export(
         f"TTFT p95 at the reference load {trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s.",
     ]
     ray_version = (
-        (versions.get("ray") or {}).get("version", "2.60.0")
-        if isinstance(versions.get("ray"), Mapping)
-        else "2.60.0"
+        (versions.get("ray") or {}).get("version", "2.60.0") if isinstance(versions.get("ray"), Mapping) else "2.60.0"
     )
     serve_yaml = render_serve_llm(deployment, header, app_name=k8s_name(record.experiment))
     in_cluster = render_serve_llm(deployment, header, app_name=k8s_name(record.experiment), host="0.0.0.0")

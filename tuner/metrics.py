@@ -59,6 +59,8 @@ class Overload:
     growth: float
     significant: bool
     projected_s: float
+
+
 def request_values(record: RequestRecord, metric: str) -> list[float]:
     """Return the latencies in seconds that one completed request contributes to `metric`.
 
@@ -72,9 +74,7 @@ def request_values(record: RequestRecord, metric: str) -> list[float]:
         return []
     if metric == "itl":
         return list(record.token_gaps_s)
-    value = {"ttft": record.ttft_s, "tpot": record.tpot_s, "e2e": record.e2e_s, "queue": record.queue_s}[
-        metric
-    ]
+    value = {"ttft": record.ttft_s, "tpot": record.tpot_s, "e2e": record.e2e_s, "queue": record.queue_s}[metric]
     return [] if value is None else [value]
 
 
@@ -125,8 +125,7 @@ def judge(statistics: Mapping[str, float], slo: Slo) -> tuple[bool, float]:
     Passed iff every term's statistic is within its bound; headroom is the smallest bound / observed,
     capped at 100. A statistic missing from `statistics` counts as +inf.
     """
-    observed = [(term, float(statistics.get(slo_latency_name(term.metric, term.stat), _INF)))
-                for term in slo.terms]
+    observed = [(term, float(statistics.get(slo_latency_name(term.metric, term.stat), _INF))) for term in slo.terms]
     passed = all(value <= term.bound_s for term, value in observed)
     headroom = min((_headroom(term, value) for term, value in observed), default=_MAX_HEADROOM)
     return passed, headroom

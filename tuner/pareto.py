@@ -29,9 +29,7 @@ def non_dominated(points: Sequence[Mapping[str, float]], objectives: Sequence[Ob
     return [i for i, mine in enumerate(scores) if not any(_dominates(other, mine) for other in scores)]
 
 
-def knee_index(
-    points: Sequence[Mapping[str, float]], front: list[int], objectives: Sequence[Objective]
-) -> int:
+def knee_index(points: Sequence[Mapping[str, float]], front: list[int], objectives: Sequence[Objective]) -> int:
     """Return the index (into `points`) of the front's best compromise.
 
     With two objectives, after min-max normalising over the front, that is the point furthest beyond

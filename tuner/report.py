@@ -32,8 +32,7 @@ from tuner.slo import parse_slo
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
 
 MIN_IMPORTANCE_TRIALS = 3
-_STATUS_STYLE = {TrialStatus.COMPLETED: ("circle", "#1f77b4"),
-                 TrialStatus.EARLY_STOPPED: ("triangle-up", "#ff7f0e")}
+_STATUS_STYLE = {TrialStatus.COMPLETED: ("circle", "#1f77b4"), TrialStatus.EARLY_STOPPED: ("triangle-up", "#ff7f0e")}
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 
@@ -141,9 +140,7 @@ def param_importance(record: SearchRecord, target: str = "capacity_rps_per_accel
     except Exception as error:  # too little variation for the evaluator: say so, never fail the report
         return Importance(note=f"not computed: {type(error).__name__}: {error}")
     cleaned = {k: float(v) if _finite(v) else 0.0 for k, v in values.items()}
-    return Importance(
-        values=cleaned, evaluator=label, note=f"{label} over {len(usable)} trials, target {target}"
-    )
+    return Importance(values=cleaned, evaluator=label, note=f"{label} over {len(usable)} trials, target {target}")
 
 
 def _distribution(spec: Any, values: list[Any]):
@@ -263,8 +260,9 @@ def curves_figure(record: SearchRecord):
     for index, trial in enumerate(t for t in record.trials if t.steps):
         color = _PALETTE[index % len(_PALETTE)]
         for column, (metric, _) in enumerate(panels, start=1):
-            steps = sorted((s for s in trial.steps if _finite(s.get(metric)) and _finite(_step_rate(s))),
-                           key=_step_rate)
+            steps = sorted(
+                (s for s in trial.steps if _finite(s.get(metric)) and _finite(_step_rate(s))), key=_step_rate
+            )
             if not steps:
                 continue
             figure.add_trace(
@@ -358,9 +356,7 @@ def importance_figure(summary: Summary):
     if not values:
         return None
     names = list(values)[::-1]
-    figure = go.Figure(
-        go.Bar(x=[values[n] for n in names], y=names, orientation="h", marker={"color": "#1f77b4"})
-    )
+    figure = go.Figure(go.Bar(x=[values[n] for n in names], y=names, orientation="h", marker={"color": "#1f77b4"}))
     figure.update_layout(
         title=f"{summary.record.experiment}: parameter importance for capacity per accelerator "
         f"({summary.importance.evaluator})",
@@ -562,9 +558,7 @@ def gain_lines(summary: Summary) -> list[str]:
         ):
             a, b = winner.metrics.get(metric), baseline.metrics.get(metric)
             if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) and b:
-                lines.append(
-                    f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%)."
-                )
+                lines.append(f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%).")
     if winner.metrics.get("capacity_censored"):
         lines.append("The winner's capacity is a lower bound: no step it ran failed.")
     return lines
@@ -673,9 +667,7 @@ def build_report(records: Sequence[SearchRecord], *, generated: str | None = Non
     page = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>vllm-tuner report: {html.escape(names)}</title><style>{_CSS}</style>"
-        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
-        + "\n".join(parts)
-        + "</body></html>\n"
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>' + "\n".join(parts) + "</body></html>\n"
     )
     return page, "\n".join(md).rstrip() + "\n"
 
@@ -694,17 +686,12 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
         ("objectives", ", ".join(f"{d} {m}" for m, d in record.objectives)),
         (
             "trials",
-            f"{len(record.trials)}: "
-            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in summary.counts.items()),
+            f"{len(record.trials)}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in summary.counts.items()),
         ),
         (
             "parent run",
             record.parent_run_id
-            + (
-                ""
-                if record.status == "FINISHED"
-                else f" ({record.status.lower()}: the search may not be over)"
-            ),
+            + ("" if record.status == "FINISHED" else f" ({record.status.lower()}: the search may not be over)"),
         ),
     ]
     transforms = workload.get("transforms") or []
@@ -777,8 +764,10 @@ def _plan_text(plan: Mapping[str, Any]) -> str:
     if not plan:
         return "-"
     width = max(float(plan.get("resolution", 0.1)), float(plan.get("noise", 0.0)))
-    return (f"climb from {plan.get('start_factor', 1):g}x x{plan.get('growth', 2):g} per step up to "
-            f"{plan.get('max_factor', 0):g}x, then bisect to {width:.0%}")
+    return (
+        f"climb from {plan.get('start_factor', 1):g}x x{plan.get('growth', 2):g} per step up to "
+        f"{plan.get('max_factor', 0):g}x, then bisect to {width:.0%}"
+    )
 
 
 def _curve_rows(record: SearchRecord) -> tuple[list[str], list[list[str]]]:

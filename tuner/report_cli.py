@@ -22,6 +22,30 @@ def _tracking_uri(uri: str | None) -> str:
     return uri or default_tracking_uri(REPO_ROOT)
 
 
+def _writable_folder(path: str) -> str:
+    """`path`, checked before any work is done: ConfigError naming --out when the folder cannot be created
+    or written. Folders made to find out are removed again, so a command that fails later leaves none."""
+    import os
+    from pathlib import Path
+
+    from tuner.errors import ConfigError
+
+    folder = Path(path).absolute()
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--out {path}: a file is in the way of the folder") from None
+    except OSError as error:
+        raise ConfigError(f"--out {path}: cannot create the folder: {error.strerror}") from None
+    writable = os.access(folder, os.W_OK | os.X_OK)
+    for created in missing:  # deepest first
+        created.rmdir()
+    if not writable:
+        raise ConfigError(f"--out {path}: the folder is not writable")
+    return path
+
+
 @click.command("report")
 @click.option(
     "--experiment",
@@ -44,7 +68,7 @@ def report(experiments: tuple[str, ...], tracking_uri: str | None, out_dir: str 
     from tuner.config import REPO_ROOT
     from tuner.report import default_out_dir, generate_report
 
-    out = out_dir or default_out_dir(REPO_ROOT, experiments)
+    out = _writable_folder(str(out_dir or default_out_dir(REPO_ROOT, experiments)))
     result = generate_report(_tracking_uri(tracking_uri), list(experiments), out, log_to_mlflow=not no_log)
     for record in result.records:
         counts = Counter(t.status for t in record.trials)
@@ -74,22 +98,12 @@ def report(experiments: tuple[str, ...], tracking_uri: str | None, out_dir: str 
     show_default=True,
     help="Which feasible trial: highest capacity, lowest latency at the reference load, or the knee.",
 )
-@click.option(
-    "--model-uri", default=None, help="Production model id to deploy in place of the tuned local path."
-)
+@click.option("--model-uri", default=None, help="Production model id to deploy in place of the tuned local path.")
 @click.option("--target-accelerator", default=None, help="Ray accelerator type for Ray Serve, e.g. H100, L4.")
-@click.option(
-    "--host", default="127.0.0.1", show_default=True, help="Address vllm serve and Ray Serve listen on."
-)
-@click.option(
-    "--port", type=int, default=8000, show_default=True, help="Port vllm serve and Ray Serve listen on."
-)
-@click.option(
-    "--image", default=DEFAULT_IMAGE, show_default=True, help="Container image for the RayService pods."
-)
-@click.option(
-    "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for the files."
-)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address vllm serve and Ray Serve listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port vllm serve and Ray Serve listen on.")
+@click.option("--image", default=DEFAULT_IMAGE, show_default=True, help="Container image for the RayService pods.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for the files.")
 def export(
     experiment: str,
     tracking_uri: str | None,
@@ -109,7 +123,7 @@ def export(
         model_uri=model_uri, target_accelerator=target_accelerator, host=host, port=port, image=image
     )
     result = export_search(
-        _tracking_uri(tracking_uri), experiment, out_dir, slo=slo, pick=pick, options=options
+        _tracking_uri(tracking_uri), experiment, _writable_folder(out_dir), slo=slo, pick=pick, options=options
     )
     trial = result.trial
     rejudged = " (re-judged from the per-step metrics)" if result.rejudged else ""

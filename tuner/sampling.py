@@ -61,8 +61,9 @@ class StepSample:
         that mean rate; warm-up ones are sent evenly at the same rate just before.
         """
         count = self.measured_at(rate_rps)
-        shares = [count // len(self.windows) + (1 if i < count % len(self.windows) else 0)
-                  for i in range(len(self.windows))]
+        shares = [
+            count // len(self.windows) + (1 if i < count % len(self.windows) else 0) for i in range(len(self.windows))
+        ]
         requests: list[Request] = []
         gap_after: list[float] = []
         for window, gaps, share in zip(self.windows, self.gaps, shares, strict=True):
@@ -86,9 +87,14 @@ class StepSample:
 
     def describe(self) -> dict[str, object]:
         """What MLflow records about the sample (no prompt content: there is none)."""
-        return {"min_measured_requests": self.min_measured, "min_window_s": self.min_window_s,
-                "max_measured_requests": self.capacity, "warmup_requests": len(self.warmup),
-                "windows": len(self.starts), "window_starts": list(self.starts)}
+        return {
+            "min_measured_requests": self.min_measured,
+            "min_window_s": self.min_window_s,
+            "max_measured_requests": self.capacity,
+            "warmup_requests": len(self.warmup),
+            "windows": len(self.starts),
+            "window_starts": list(self.starts),
+        }
 
 
 def required_requests(percentiles: list[float], tail_requests: int) -> int:
@@ -103,8 +109,16 @@ def required_requests(percentiles: list[float], tail_requests: int) -> int:
     return max(math.ceil(tail_requests / min(fraction, 0.5) - 1e-9) for fraction in fractions)
 
 
-def sample_step(workload: Workload, *, measured: int, warmup: int, windows: int, seed: int,
-                min_window_s: float = 0.0, max_rate_rps: float = 0.0) -> StepSample:
+def sample_step(
+    workload: Workload,
+    *,
+    measured: int,
+    warmup: int,
+    windows: int,
+    seed: int,
+    min_window_s: float = 0.0,
+    max_rate_rps: float = 0.0,
+) -> StepSample:
     """The sample every step of a search replays (see the module docstring).
 
     Steps count at least `measured` requests, and at rates up to `max_rate_rps` enough to fill
@@ -112,8 +126,10 @@ def sample_step(workload: Workload, *, measured: int, warmup: int, windows: int,
     passes. Raises ValueError for `measured` < 1, `warmup` < 0, `windows` < 1 or an empty workload.
     """
     if measured < 1 or warmup < 0 or windows < 1 or min_window_s < 0:
-        raise ValueError(f"measured >= 1, warmup >= 0, windows >= 1 and min_window_s >= 0 must hold, but got "
-                         f"{measured}, {warmup}, {windows}, {min_window_s}")
+        raise ValueError(
+            f"measured >= 1, warmup >= 0, windows >= 1 and min_window_s >= 0 must hold, but got "
+            f"{measured}, {warmup}, {windows}, {min_window_s}"
+        )
     requests = workload.requests
     count = len(requests)
     if count == 0:
@@ -145,8 +161,9 @@ def whole_trace(workload: Workload) -> StepSample:
     arrivals = np.array([r.arrival_s for r in requests], dtype=float)
     gaps = np.diff(arrivals)
     mean_gap = float(gaps.mean()) if len(requests) > 1 and gaps.sum() > 0 else 1.0
-    return StepSample((), (tuple(requests),), (tuple(float(g) for g in gaps) + (mean_gap,),), (0,),
-                      len(requests), 0.0, mean_gap)
+    return StepSample(
+        (), (tuple(requests),), (tuple(float(g) for g in gaps) + (mean_gap,),), (0,), len(requests), 0.0, mean_gap
+    )
 
 
 def plan_step(sample: StepSample, *, rate_rps: float, step_seed: int, vocab_size: int) -> list[PlannedRequest]:
@@ -168,10 +185,18 @@ def plan_step(sample: StepSample, *, rate_rps: float, step_seed: int, vocab_size
                 break
             if block_id not in blocks:
                 blocks[block_id] = np.random.default_rng([step_seed, 1 << 20, block_id]).integers(
-                    FIRST_ORDINARY_TOKEN, vocab_size, PREFIX_BLOCK_TOKENS)
+                    FIRST_ORDINARY_TOKEN, vocab_size, PREFIX_BLOCK_TOKENS
+                )
             prefix.extend(blocks[block_id].tolist())
         prefix = prefix[: request.prompt_tokens]
         tail = rng.integers(FIRST_ORDINARY_TOKEN, vocab_size, request.prompt_tokens - len(prefix))
-        plan.append(PlannedRequest(index=index, scheduled_s=offset, prompt_token_ids=tuple(prefix + tail.tolist()),
-                                   output_tokens=request.output_tokens, in_warmup=index < warm))
+        plan.append(
+            PlannedRequest(
+                index=index,
+                scheduled_s=offset,
+                prompt_token_ids=tuple(prefix + tail.tolist()),
+                output_tokens=request.output_tokens,
+                in_warmup=index < warm,
+            )
+        )
     return plan

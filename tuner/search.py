@@ -26,11 +26,12 @@ from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
 from tuner.sampling import StepSample, sample_step
-from tuner.space import POOL_PARAMS, SearchSpace, load_space
+from tuner.space import POOL_PARAMS, CategoricalParam, FloatParam, IntParam, SearchSpace, load_space
 from tuner.tracking import (
     TrialOutcome,
     TrialTracker,
     active_tracker,
+    check_tracking_uri,
     client_for,
     default_tracking_uri,
     experiment_id,
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from trainables.trial import TrialContext
+
 
 @dataclass
 class PreparedSearch:
@@ -76,8 +78,9 @@ class SearchOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def prepare(config: SearchConfig, *, tracking_uri: str | None = None, device_has_gpu: bool | None = None
-            ) -> PreparedSearch:
+def prepare(
+    config: SearchConfig, *, tracking_uri: str | None = None, device_has_gpu: bool | None = None
+) -> PreparedSearch:
     """Validate the config against the space, the workload, the model and vLLM's own arguments.
 
     Raises ConfigError / WorkloadError / EngineError with one line naming what is wrong.
@@ -90,15 +93,17 @@ def prepare(config: SearchConfig, *, tracking_uri: str | None = None, device_has
             raise ConfigError(f"objectives: {objective.metric!r} is not a reported metric")
     if config.asha.metric not in REPORTED_METRICS:
         raise ConfigError(f"asha.metric: {config.asha.metric!r} is not a reported metric")
+    check_tracking_uri(tracking_uri or config.tracking.uri or default_tracking_uri(REPO_ROOT))
     if config.model.path is None:
         model_path = str(ensure_tiny_model())
     else:
-        model_path = config.model.path
-        if (model_path.startswith((".", "/", "~")) or os.sep in model_path and
-                not _looks_like_hub_id(model_path)) and not Path(model_path).expanduser().exists():
-            raise ConfigError(f"model.path: {model_path} does not exist")
-    workload = load_workload(config.workload.path or BUNDLED_WORKLOAD, config.workload.format,
-                             time_unit=config.workload.time_unit, seed=config.seed)
+        model_path = _check_model_path(config.model.path)
+    workload = load_workload(
+        config.workload.path or BUNDLED_WORKLOAD,
+        config.workload.format,
+        time_unit=config.workload.time_unit,
+        seed=config.seed,
+    )
     transforms = config.workload.transforms
     if transforms.max_model_len is None:
         # Requests longer than the model's context are clipped (counted in provenance), never sent.
@@ -106,8 +111,12 @@ def prepare(config: SearchConfig, *, tracking_uri: str | None = None, device_has
     workload = apply_transforms(workload, transforms)
     space = load_space(config.space, known_engine_args=engine_arg_names())
     on_cpu = config.hardware.device == "cpu" or (config.hardware.device == "auto" and not device_has_gpu)
-    fixed_args = {"model": model_path, "max_model_len": config.model.max_model_len,
-                  "skip_tokenizer_init": True, **config.model.engine_args}
+    fixed_args = {
+        "model": model_path,
+        "max_model_len": config.model.max_model_len,
+        "skip_tokenizer_init": True,
+        **config.model.engine_args,
+    }
     if isinstance(space.baseline, dict):
         baseline = dict(space.baseline)
     else:
@@ -117,22 +126,35 @@ def prepare(config: SearchConfig, *, tracking_uri: str | None = None, device_has
             baseline["num_replicas"] = 1
     baseline = {k: v for k, v in baseline.items() if k in space.tunable}
     try:
-        space.check_baseline(baseline, "the given baseline" if isinstance(space.baseline, dict)
-                             else "vLLM's default")
+        space.check_baseline(baseline, "the given baseline" if isinstance(space.baseline, dict) else "vLLM's default")
     except ConfigError as error:
         raise ConfigError(f"space {config.space}: {error}") from None
     vocab_size = _vocab_size(model_path)
     capacity = config.capacity
     reference_rps = config.workload.reference_rps or workload.mean_rate_rps
     accelerators = _largest(space, "num_replicas", 1) * _largest(space, "tensor_parallel_size", 1)
-    sample = sample_step(workload, measured=config.measured_requests(), warmup=capacity.warmup_requests,
-                         windows=capacity.windows, seed=config.seed, min_window_s=capacity.min_window_s,
-                         max_rate_rps=capacity.max_factor * reference_rps * accelerators)
+    sample = sample_step(
+        workload,
+        measured=config.measured_requests(),
+        warmup=capacity.warmup_requests,
+        windows=capacity.windows,
+        seed=config.seed,
+        min_window_s=capacity.min_window_s,
+        max_rate_rps=capacity.max_factor * reference_rps * accelerators,
+    )
     _check_step_length(config, sample, reference_rps)
-    return PreparedSearch(config=config, space=space, workload=workload, model_path=model_path,
-                          tracking_uri=tracking_uri or config.tracking.uri or default_tracking_uri(REPO_ROOT),
-                          reference_rps=reference_rps, baseline=baseline, vocab_size=vocab_size, on_cpu=on_cpu,
-                          sample=sample)
+    return PreparedSearch(
+        config=config,
+        space=space,
+        workload=workload,
+        model_path=model_path,
+        tracking_uri=tracking_uri or config.tracking.uri or default_tracking_uri(REPO_ROOT),
+        reference_rps=reference_rps,
+        baseline=baseline,
+        vocab_size=vocab_size,
+        on_cpu=on_cpu,
+        sample=sample,
+    )
 
 
 def _check_step_length(config: SearchConfig, sample: StepSample, reference_rps: float) -> None:
@@ -146,7 +168,8 @@ def _check_step_length(config: SearchConfig, sample: StepSample, reference_rps: 
             f"capacity: a step at the lowest load ({capacity.min_factor:g}x the reference, {lowest:.3g} rps) "
             f"takes {longest:.0f}s for its {requests} requests, over capacity.max_step_s="
             f"{capacity.max_step_s:g}; raise workload.reference_rps (now {reference_rps:.3g} rps), "
-            "capacity.min_factor, or lower capacity.measured_requests / tail_requests")
+            "capacity.min_factor, or lower capacity.measured_requests / tail_requests"
+        )
 
 
 def _vllm_version() -> str:
@@ -160,6 +183,21 @@ def _vllm_version() -> str:
     return "unknown"
 
 
+def _check_model_path(model_path: str) -> str:
+    """A local model directory (it must hold config.json) or a Hugging Face id (`org/name`, not a local
+    path); ConfigError naming model.path otherwise."""
+    local = Path(model_path).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ConfigError(f"model.path: {model_path} is a file, not a model directory")
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.path: {model_path} is not a model directory (it has no config.json)")
+        return model_path
+    if model_path.startswith((".", "/", "~")) or os.sep in model_path and not _looks_like_hub_id(model_path):
+        raise ConfigError(f"model.path: {model_path} does not exist")
+    return model_path
+
+
 def _looks_like_hub_id(text: str) -> bool:
     return text.count("/") == 1 and not text.startswith((".", "/", "~"))
 
@@ -171,9 +209,15 @@ def _vocab_size(model_path: str) -> int:
     return 32000
 
 
-def run_search(config: SearchConfig, *, tracking_uri: str | None = None, address: str | None = None,
-               progress: Callable[[str], None] = print, dry_run: bool = False,
-               resume: bool = False) -> SearchOutcome | None:
+def run_search(
+    config: SearchConfig,
+    *,
+    tracking_uri: str | None = None,
+    address: str | None = None,
+    progress: Callable[[str], None] = print,
+    dry_run: bool = False,
+    resume: bool = False,
+) -> SearchOutcome | None:
     """Run the whole search and return its outcome; Ray is always shut down, engines always stopped.
 
     With `dry_run`, validate everything and check that every candidate can be placed on the cluster,
@@ -211,13 +255,44 @@ def start_ray(address: str | None) -> None:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: our progress lines only
-    runtime_env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-                                "TOKENIZERS_PARALLELISM": "false"}}
+    runtime_env = {
+        "env_vars": {
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    }
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
+        except (ConnectionError, TimeoutError, ValueError) as error:
+            last = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+            raise ConfigError(f"--address {address}: cannot join the Ray cluster: {last}") from None
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, runtime_env=runtime_env,
-                 log_to_driver=False, logging_level=logging.ERROR, _node_ip_address="127.0.0.1")
+        ray.init(
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            runtime_env=runtime_env,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            _node_ip_address="127.0.0.1",
+        )
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """ConfigError naming --address when nothing listens at a `host:port` address (ray.init itself would
+    retry for minutes); other forms (`auto`, `ray://...`) are left to Ray."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ConfigError(
+            f"--address {address}: no Ray cluster answers there ({error.strerror or type(error).__name__})"
+        ) from None
 
 
 def trial_context(prepared: PreparedSearch) -> TrialContext:
@@ -227,19 +302,30 @@ def trial_context(prepared: PreparedSearch) -> TrialContext:
 
     config, capacity = prepared.config, prepared.config.capacity
     return TrialContext(
-        model=prepared.model_path, sample=prepared.sample, reference_rps=prepared.reference_rps,
-        plan=capacity.plan(), slo=config.slo,
+        model=prepared.model_path,
+        sample=prepared.sample,
+        reference_rps=prepared.reference_rps,
+        plan=capacity.plan(),
+        slo=config.slo,
         engine_defaults={"max_model_len": config.model.max_model_len, **config.model.engine_args},
-        on_cpu=prepared.on_cpu, cpu_cores_per_replica=config.hardware.cpu_cores_per_replica,
+        on_cpu=prepared.on_cpu,
+        cpu_cores_per_replica=config.hardware.cpu_cores_per_replica,
         kv_budget_bytes=int(config.hardware.kv_budget_mib * (1 << 20)),
-        deadline_s=capacity.deadline_s, sustain_horizon_s=capacity.sustain_horizon_s, serving=config.serving,
-        penalty_latency_s=config.penalty_latency_s, vocab_size=prepared.vocab_size,
-        start_timeout_s=config.budget.engine_start_timeout_s, seed=config.seed,
+        deadline_s=capacity.deadline_s,
+        sustain_horizon_s=capacity.sustain_horizon_s,
+        serving=config.serving,
+        penalty_latency_s=config.penalty_latency_s,
+        vocab_size=prepared.vocab_size,
+        start_timeout_s=config.budget.engine_start_timeout_s,
+        seed=config.seed,
         faults=tuple(Fault(**f.model_dump()) for f in config.faults),
         trial_timeout_s=config.budget.trial_timeout_s,
-        health=HealthPolicy(period_s=config.health.heartbeat_period_s,
-                            timeout_s=config.health.heartbeat_timeout_s,
-                            failure_threshold=config.health.failure_threshold))
+        health=HealthPolicy(
+            period_s=config.health.heartbeat_period_s,
+            timeout_s=config.health.heartbeat_timeout_s,
+            failure_threshold=config.health.failure_threshold,
+        ),
+    )
 
 
 def dry_run_summary(prepared: PreparedSearch) -> list[str]:
@@ -249,8 +335,11 @@ def dry_run_summary(prepared: PreparedSearch) -> list[str]:
     plan = capacity.plan()
     cost = trial_cost(prepared)
     sample = prepared.sample
-    passes = "" if sample.capacity <= len(prepared.workload.requests) else \
-        f" (the trace's {len(prepared.workload.requests)} are replayed in whole passes)"
+    passes = (
+        ""
+        if sample.capacity <= len(prepared.workload.requests)
+        else f" (the trace's {len(prepared.workload.requests)} are replayed in whole passes)"
+    )
     return [
         f"dry run: config valid; every candidate fits the Ray cluster ({_resources_line()})",
         f"model {prepared.model_path} (max_model_len {config.model.max_model_len}), "
@@ -267,8 +356,11 @@ def dry_run_summary(prepared: PreparedSearch) -> list[str]:
         f"estimated engine time: about {config.budget.num_samples * cost.typical_s / 60:.0f} min for "
         f"{config.budget.num_samples} trials (a trial {cost.typical_s:.0f}s when its capacity is near "
         f"{cost.typical_factor:g}x, at most {cost.worst_s:.0f}s)"
-        + (f"; the search stops after {config.budget.time_budget_s / 60:.0f} min"
-           if config.budget.time_budget_s else ""),
+        + (
+            f"; the search stops after {config.budget.time_budget_s / 60:.0f} min"
+            if config.budget.time_budget_s
+            else ""
+        ),
     ]
 
 
@@ -322,7 +414,7 @@ def _bind_ray_to_loopback() -> None:
 
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
 
 
 def _has_gpu() -> bool:
@@ -348,8 +440,10 @@ def _check_placeable(prepared: PreparedSearch) -> None:
     for resource, amount in per_replica.items():
         need = amount * replicas
         if total.get(resource, 0) < need:
-            raise ConfigError(f"search space {config.space}: num_replicas={replicas} needs {need:g} {resource}"
-                              f" but the Ray cluster has {total.get(resource, 0):g}")
+            raise ConfigError(
+                f"search space {config.space}: num_replicas={replicas} needs {need:g} {resource}"
+                f" but the Ray cluster has {total.get(resource, 0):g}"
+            )
 
 
 def _largest(space: SearchSpace, name: str, default: int) -> int:
@@ -358,13 +452,16 @@ def _largest(space: SearchSpace, name: str, default: int) -> int:
         return default
     if isinstance(spec, (int, float)):
         return int(spec)
-    if hasattr(spec, "choices"):
+    if isinstance(spec, CategoricalParam):
         return int(max(spec.choices))
-    return int(spec.high)
+    if isinstance(spec, (IntParam, FloatParam)):
+        return int(spec.high)
+    return default  # a fixed non-numeric value
 
 
-def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: float,
-         resume: bool = False) -> SearchOutcome:
+def _run(
+    prepared: PreparedSearch, progress: Callable[[str], None], started: float, resume: bool = False
+) -> SearchOutcome:
     import ray
     from ray import tune
 
@@ -388,27 +485,33 @@ def _run(prepared: PreparedSearch, progress: Callable[[str], None], started: flo
         client.set_tag(parent, "resumed_at", stamp)
     else:
         parent = _new_parent(client, prepared, stamp, config_yaml, str(tune_path))
-    tracker = TrialTracker(client, config.name, parent, progress=progress,
-                           total_trials=config.budget.num_samples)
+    tracker = TrialTracker(client, config.name, parent, progress=progress, total_trials=config.budget.num_samples)
     if resume:
         adopted, interrupted = tracker.adopt_runs(
-            "interrupted when the search driver stopped; not rerun (capacity is a lower bound)")
-        progress(f"resuming search {config.name!r} (parent run {parent}): {adopted} trial(s) recorded, "
-                 f"{interrupted} of them interrupted and closed")
-    trainable = tune.with_resources(tune.with_parameters(PoolTrial, context=context),
-                                    resources=trial_resources(context))
+            "interrupted when the search driver stopped; not rerun (capacity is a lower bound)"
+        )
+        progress(
+            f"resuming search {config.name!r} (parent run {parent}): {adopted} trial(s) recorded, "
+            f"{interrupted} of them interrupted and closed"
+        )
+    trainable = tune.with_resources(
+        tune.with_parameters(PoolTrial, context=context), resources=trial_resources(context)
+    )
     if resume:
-        tuner = tune.Tuner.restore(resumed_path, trainable=trainable, resume_unfinished=False,
-                                   resume_errored=False, restart_errored=False)
+        tuner = tune.Tuner.restore(
+            resumed_path, trainable=trainable, resume_unfinished=False, resume_errored=False, restart_errored=False
+        )
     else:
         tuner = _new_tuner(prepared, trainable, tracker, tune_path)
     plan = config.capacity.plan()
-    progress(f"search {config.name!r}: {config.budget.num_samples} trials, space {config.space}, "
-             f"SLO {config.slo}; capacity search from {plan.start_factor:g}x of {prepared.reference_rps:.2f} rps "
-             f"per accelerator (x{plan.growth:g} per climb step up to {plan.max_factor:g}x, then bisect to "
-             f"{plan.width:.0%}), each step at least {prepared.sample.min_measured} measured requests and "
-             f"{prepared.sample.min_window_s:g}s; "
-             f"MLflow {prepared.tracking_uri}")
+    progress(
+        f"search {config.name!r}: {config.budget.num_samples} trials, space {config.space}, "
+        f"SLO {config.slo}; capacity search from {plan.start_factor:g}x of {prepared.reference_rps:.2f} rps "
+        f"per accelerator (x{plan.growth:g} per climb step up to {plan.max_factor:g}x, then bisect to "
+        f"{plan.width:.0%}), each step at least {prepared.sample.min_measured} measured requests and "
+        f"{prepared.sample.min_window_s:g}s; "
+        f"MLflow {prepared.tracking_uri}"
+    )
     status = "FINISHED"
     try:
         tuner.fit()
@@ -425,22 +528,35 @@ def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, 
     config, capacity = prepared.config, prepared.config.capacity
     plan = capacity.plan()
     return start_parent_run(
-        client, config.name, run_name=f"search-{stamp}",
-        params={"slo": config.slo, "space": config.space, "model": prepared.model_path,
-                "workload": prepared.workload.provenance.get("source"),
-                "reference_rps": round(prepared.reference_rps, 4),
-                "capacity_plan": json.dumps(dataclasses.asdict(plan)),
-                "measured_requests": prepared.sample.min_measured,
-                "num_samples": config.budget.num_samples, "device": "cpu" if prepared.on_cpu else "gpu",
-                "vllm_version": _vllm_version(), "tool_version": __version__,
-                "objectives": ",".join(f"{o.mode}:{o.metric}" for o in config.objectives)},
-        tags={"slo": config.slo, "workload_sha256": str(prepared.workload.provenance.get("sha256", "")),
-              "tune_experiment_path": tune_path},
-        documents={"search_config.yaml": config_yaml,
-                   "search_space.yaml": yaml.safe_dump(prepared.space.model_dump(mode="json"),
-                                                       sort_keys=False),
-                   "workload.json": {**prepared.workload.provenance, "step_sample": prepared.sample.describe()},
-                   "baseline.json": prepared.baseline})
+        client,
+        config.name,
+        run_name=f"search-{stamp}",
+        params={
+            "slo": config.slo,
+            "space": config.space,
+            "model": prepared.model_path,
+            "workload": prepared.workload.provenance.get("source"),
+            "reference_rps": round(prepared.reference_rps, 4),
+            "capacity_plan": json.dumps(dataclasses.asdict(plan)),
+            "measured_requests": prepared.sample.min_measured,
+            "num_samples": config.budget.num_samples,
+            "device": "cpu" if prepared.on_cpu else "gpu",
+            "vllm_version": _vllm_version(),
+            "tool_version": __version__,
+            "objectives": ",".join(f"{o.mode}:{o.metric}" for o in config.objectives),
+        },
+        tags={
+            "slo": config.slo,
+            "workload_sha256": str(prepared.workload.provenance.get("sha256", "")),
+            "tune_experiment_path": tune_path,
+        },
+        documents={
+            "search_config.yaml": config_yaml,
+            "search_space.yaml": yaml.safe_dump(prepared.space.model_dump(mode="json"), sort_keys=False),
+            "workload.json": {**prepared.workload.provenance, "step_sample": prepared.sample.describe()},
+            "baseline.json": prepared.baseline,
+        },
+    )
 
 
 def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_path):
@@ -448,25 +564,41 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
     from ray.tune.search.optuna import OptunaSearch
 
     config = prepared.config
-    scheduler = RecordingASHA(time_attr="load_step", metric=config.asha.metric, mode=config.asha.mode,
-                              max_t=config.capacity.max_steps, grace_period=asha_grace_period(config),
-                              growth=config.capacity.growth,
-                              reduction_factor=config.asha.reduction_factor, stop_last_trials=False)
-    searcher = OptunaSearch(space=prepared.space.define_by_run(),
-                            metric=[o.metric for o in config.objectives],
-                            mode=[o.mode for o in config.objectives],
-                            sampler=make_sampler(config.seed, config.budget.num_samples),
-                            points_to_evaluate=[prepared.baseline] if prepared.baseline else None)
+    scheduler = RecordingASHA(
+        time_attr="load_step",
+        metric=config.asha.metric,
+        mode=config.asha.mode,
+        max_t=config.capacity.max_steps,
+        grace_period=asha_grace_period(config),
+        growth=config.capacity.growth,
+        reduction_factor=config.asha.reduction_factor,
+        stop_last_trials=False,
+    )
+    searcher = OptunaSearch(
+        space=prepared.space.define_by_run(),
+        metric=[o.metric for o in config.objectives],
+        mode=[o.mode for o in config.objectives],
+        sampler=make_sampler(config.seed, config.budget.num_samples),
+        points_to_evaluate=[prepared.baseline] if prepared.baseline else None,
+    )
     return tune.Tuner(
         trainable,
-        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                    num_samples=config.budget.num_samples,
-                                    time_budget_s=config.budget.time_budget_s,
-                                    max_concurrent_trials=config.budget.max_concurrent_trials,
-                                    reuse_actors=False),
-        run_config=tune.RunConfig(name=tune_path.name, storage_path=str(tune_path.parent),
-                                  callbacks=[tracker.callback], verbose=0,
-                                  failure_config=tune.FailureConfig(max_failures=0)))
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=config.budget.num_samples,
+            time_budget_s=config.budget.time_budget_s,
+            max_concurrent_trials=config.budget.max_concurrent_trials,
+            reuse_actors=False,
+        ),
+        run_config=tune.RunConfig(
+            name=tune_path.name,
+            storage_path=str(tune_path.parent),
+            callbacks=[tracker.callback],
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
 
 
 def startup_trials(num_samples: int) -> int:
@@ -543,8 +675,7 @@ class RecordingASHA(ASHAScheduler):
             search = getattr(tune_controller, "search_alg", None)
             if isinstance(getattr(search, "_counter", None), int) and search._counter > 0:
                 search._counter -= 1
-                log.info("trial %s never started before the driver stopped: its sample is given back",
-                         trial.trial_id)
+                log.info("trial %s never started before the driver stopped: its sample is given back", trial.trial_id)
                 try:  # close its Optuna trial (PRUNED), or the sampler counts it as pending for ever
                     search.on_trial_complete(trial.trial_id, result=None)
                 except Exception as error:  # not fatal: the search goes on without it
@@ -557,7 +688,8 @@ class RecordingASHA(ASHAScheduler):
         if decision == TrialScheduler.STOP and not result.get("done") and tracker is not None:
             tracker.stopped_by_scheduler[trial.trial_id] = (
                 f"stopped by ASHA after step {int(result.get('load_step', 0))}: {self._metric} "
-                f"{result.get(self._metric, 0):.2f} in the lower part of its rung")
+                f"{result.get(self._metric, 0):.2f} in the lower part of its rung"
+            )
         return decision
 
 
@@ -569,52 +701,84 @@ def find_resumable(client, experiment: str) -> tuple[str, str]:
     from ray import tune
 
     exp_id = experiment_id(client, experiment, create=False)
-    runs = client.search_runs([exp_id], filter_string=f"tags.run_kind = '{RunKind.SEARCH}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.run_kind = '{RunKind.SEARCH}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     if not runs:
         raise TrackingError(f"--resume: experiment {experiment!r} has no search to resume")
     run = runs[0]
     if run.info.status == "FINISHED":
-        raise TrackingError(f"--resume: the latest search of {experiment!r} (run {run.info.run_id}) "
-                            "finished; start a new one without --resume")
+        raise TrackingError(
+            f"--resume: the latest search of {experiment!r} (run {run.info.run_id}) "
+            "finished; start a new one without --resume"
+        )
     path = run.data.tags.get("tune_experiment_path", "")
     if not path or not tune.Tuner.can_restore(path):
         raise TrackingError(f"--resume: Ray Tune's state for run {run.info.run_id} is missing ({path or 'no path'})")
     return run.info.run_id, path
 
 
-def _finish(client, prepared: PreparedSearch, tracker: TrialTracker, parent: str, started: float,
-            status: str) -> SearchOutcome:
+def _finish(
+    client, prepared: PreparedSearch, tracker: TrialTracker, parent: str, started: float, status: str
+) -> SearchOutcome:
     config = prepared.config
     objectives = [(o.metric, o.mode) for o in config.objectives]
     trials = list(tracker.outcomes.values())
     comparable = [t for t in trials if t.status in FEASIBLE_STATUSES and t.metrics]
     front = [comparable[i] for i in non_dominated([t.metrics for t in comparable], objectives)]
-    front.sort(key=lambda t: -t.metrics.get(objectives[0][0], 0) if objectives[0][1] == "max"
-               else t.metrics.get(objectives[0][0], 0))
+    front.sort(
+        key=lambda t: (
+            -t.metrics.get(objectives[0][0], 0) if objectives[0][1] == "max" else t.metrics.get(objectives[0][0], 0)
+        )
+    )
     rows = [_row(t) for t in front]
-    client.log_dict(parent, {"objectives": [{"metric": m, "mode": d} for m, d in objectives],
-                             "slo": config.slo, "trials": rows}, "pareto.json")
+    client.log_dict(
+        parent,
+        {"objectives": [{"metric": m, "mode": d} for m, d in objectives], "slo": config.slo, "trials": rows},
+        "pareto.json",
+    )
     client.log_dict(parent, {"trials": [_row(t) for t in trials]}, "trials.json")
     try:
         client.log_figure(parent, pareto_figure(trials, front, objectives, config.slo), "pareto.png")
     except Exception as error:  # a plot must never cost the search its records
         client.set_tag(parent, "pareto_plot_error", str(error)[:500])
-    baseline = next((t for t in trials if prepared.baseline and all(
-        str(t.params.get(k)) == str(v) for k, v in prepared.baseline.items())), None)
+    baseline = next(
+        (
+            t
+            for t in trials
+            if prepared.baseline and all(str(t.params.get(k)) == str(v) for k, v in prepared.baseline.items())
+        ),
+        None,
+    )
     if baseline is not None:
         client.set_tag(parent, "baseline_trial_id", baseline.trial_id)
     counts = {s: sum(t.status == s for t in trials) for s in FINAL_STATUSES}
     for key, value in counts.items():
         client.log_metric(parent, f"trials_{key.value}", float(value))
     client.set_terminated(parent, status)
-    return SearchOutcome(experiment=config.name, parent_run_id=parent, tracking_uri=prepared.tracking_uri,
-                         trials=trials, pareto=front, wall_s=time.monotonic() - started, baseline=baseline)
+    return SearchOutcome(
+        experiment=config.name,
+        parent_run_id=parent,
+        tracking_uri=prepared.tracking_uri,
+        trials=trials,
+        pareto=front,
+        wall_s=time.monotonic() - started,
+        baseline=baseline,
+    )
 
 
 def _row(outcome: TrialOutcome) -> dict[str, Any]:
-    return {"trial_id": outcome.trial_id, "run_id": outcome.run_id, "status": outcome.status,
-            "status_reason": outcome.reason, "params": outcome.params, "metrics": outcome.metrics}
+    return {
+        "trial_id": outcome.trial_id,
+        "run_id": outcome.run_id,
+        "status": outcome.status,
+        "status_reason": outcome.reason,
+        "params": outcome.params,
+        "metrics": outcome.metrics,
+    }
 
 
 def pareto_figure(trials: list[TrialOutcome], front: list[TrialOutcome], objectives, slo: str):
@@ -628,11 +792,20 @@ def pareto_figure(trials: list[TrialOutcome], front: list[TrialOutcome], objecti
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
     for status, marker in ((TrialStatus.COMPLETED, "o"), (TrialStatus.EARLY_STOPPED, "^")):
         points = [t for t in trials if t.status == status and t.metrics]
-        axes.scatter([t.metrics.get(x_metric, 0) for t in points], [t.metrics.get(y_metric, 0) for t in points],
-                     marker=marker, alpha=0.5, label=status.value.replace("_", " "))
+        axes.scatter(
+            [t.metrics.get(x_metric, 0) for t in points],
+            [t.metrics.get(y_metric, 0) for t in points],
+            marker=marker,
+            alpha=0.5,
+            label=status.value.replace("_", " "),
+        )
     ordered = sorted(front, key=lambda t: t.metrics.get(x_metric, 0))
-    axes.plot([t.metrics.get(x_metric, 0) for t in ordered], [t.metrics.get(y_metric, 0) for t in ordered],
-              "r-o", label="Pareto front")
+    axes.plot(
+        [t.metrics.get(x_metric, 0) for t in ordered],
+        [t.metrics.get(y_metric, 0) for t in ordered],
+        "r-o",
+        label="Pareto front",
+    )
     axes.set_xlabel(x_metric)
     axes.set_ylabel(y_metric)
     axes.set_title(f"SLO {slo}", fontsize=9)

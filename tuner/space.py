@@ -129,12 +129,14 @@ class SearchSpace(_Strict):
                 bounds[name] = (spec, spec)
         for (left, op, right), text in zip(self.parsed_constraints(), self.constraints, strict=True):
             l_low, l_high = bounds.get(left, (float("-inf"), float("inf")))
-            r_low, r_high = bounds.get(right, (float("-inf"), float("inf"))) if isinstance(right, str) \
-                else (right, right)
+            r_low, r_high = (
+                bounds.get(right, (float("-inf"), float("inf"))) if isinstance(right, str) else (right, right)
+            )
             if (op == ">=" and l_high < r_low) or (op == "<=" and l_low > r_high):
-                raise ConfigError(f"constraint {text!r} can never hold: {left} is in [{l_low:g}, {l_high:g}]"
-                                  f" and the other side in [{r_low:g}, {r_high:g}]")
-
+                raise ConfigError(
+                    f"constraint {text!r} can never hold: {left} is in [{l_low:g}, {l_high:g}]"
+                    f" and the other side in [{r_low:g}, {r_high:g}]"
+                )
 
     def check_baseline(self, baseline: dict[str, Any], origin: str) -> None:
         """Raise ConfigError unless the baseline can be sampled: categorical values among the choices,
@@ -143,15 +145,19 @@ class SearchSpace(_Strict):
         for name, value in baseline.items():
             spec = self.tunable.get(name)
             if isinstance(spec, CategoricalParam) and value not in spec.choices:
-                raise ConfigError(f"baseline: {origin} has {name}={value!r}, not among the choices "
-                                  f"{spec.choices}; add it, or give 'baseline:' as a dict of values")
+                raise ConfigError(
+                    f"baseline: {origin} has {name}={value!r}, not among the choices "
+                    f"{spec.choices}; add it, or give 'baseline:' as a dict of values"
+                )
         values = {**self.fixed, **baseline}
         for (left, op, right), text in zip(self.parsed_constraints(), self.constraints, strict=True):
             a, b = values.get(left), values.get(right) if isinstance(right, str) else right
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not (
-                    a >= b if op == ">=" else a <= b):
-                raise ConfigError(f"baseline: {origin} has {left}={a!r} and breaks the constraint {text!r}; "
-                                  "give 'baseline:' as a dict of values that meets it")
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not (a >= b if op == ">=" else a <= b):
+                raise ConfigError(
+                    f"baseline: {origin} has {left}={a!r} and breaks the constraint {text!r}; "
+                    "give 'baseline:' as a dict of values that meets it"
+                )
+
 
 class DefineByRun:
     """Samples every tunable parameter from its declared distribution, then repairs the point to meet
@@ -254,8 +260,10 @@ def load_space(ref: str | Path, *, known_engine_args: set[str] | None = None) ->
             if name not in known_engine_args and name not in POOL_PARAMS:
                 close = difflib.get_close_matches(name, sorted(known_engine_args | set(POOL_PARAMS)), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"{path}: parameters.{name}: unknown parameter{hint}; it is neither a "
-                                  "pool setting nor a vLLM engine argument")
+                raise ConfigError(
+                    f"{path}: parameters.{name}: unknown parameter{hint}; it is neither a "
+                    "pool setting nor a vLLM engine argument"
+                )
     try:
         space.check_feasible()
     except ConfigError as error:
@@ -266,13 +274,26 @@ def load_space(ref: str | Path, *, known_engine_args: set[str] | None = None) ->
 def validation_line(error: ValidationError) -> str:
     """The first pydantic error as one line: `field.path: message` (union branch labels left out)."""
     first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"] if str(p) not in _BRANCH_LABELS
-                     and not str(p).startswith(("function-", "tagged-union")))
+    where = ".".join(
+        str(p)
+        for p in first["loc"]
+        if str(p) not in _BRANCH_LABELS and not str(p).startswith(("function-", "tagged-union"))
+    )
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown field"
     return f"{where}: {message}" if where else message
 
 
-_BRANCH_LABELS = {"int", "float", "categorical", "bool", "str", "dict[str,any]", "literal['vllm-defaults']",
-                  "IntParam", "FloatParam", "CategoricalParam"}
+_BRANCH_LABELS = {
+    "int",
+    "float",
+    "categorical",
+    "bool",
+    "str",
+    "dict[str,any]",
+    "literal['vllm-defaults']",
+    "IntParam",
+    "FloatParam",
+    "CategoricalParam",
+}

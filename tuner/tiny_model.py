@@ -17,9 +17,28 @@ TINY_MODEL_NAME = "tiny-llama-v1"
 VOCAB_SIZE = 4096
 MAX_MODEL_LEN = 4096
 # Modules whose docstrings make the tokenizer corpus: fixed, so the tokenizer is the same everywhere.
-_CORPUS_MODULES = ("argparse", "asyncio", "collections", "csv", "datetime", "email", "functools",
-                   "http.client", "json", "logging", "pathlib", "re", "statistics", "string",
-                   "subprocess", "textwrap", "typing", "unittest", "urllib.parse", "zipfile")
+_CORPUS_MODULES = (
+    "argparse",
+    "asyncio",
+    "collections",
+    "csv",
+    "datetime",
+    "email",
+    "functools",
+    "http.client",
+    "json",
+    "logging",
+    "pathlib",
+    "re",
+    "statistics",
+    "string",
+    "subprocess",
+    "textwrap",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "zipfile",
+)
 
 
 def cache_root() -> Path:
@@ -74,21 +93,34 @@ def _build(directory: Path) -> None:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", model_max_length=MAX_MODEL_LEN)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", model_max_length=MAX_MODEL_LEN
+    )
     fast.chat_template = (
         "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
-        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     fast.save_pretrained(directory)
 
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=688,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=MAX_MODEL_LEN, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=MAX_MODEL_LEN,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]  # transformers stubs
     model.save_pretrained(directory, safe_serialization=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,9 +22,20 @@ from tuner.vocabulary import FINAL_STATUSES, PARENT_TAG, RUN_KIND_TAG, RunKind, 
 # when failed requests decide them, and must read back as larger than any bound.
 MLFLOW_INFINITY = 1.7976931348623157e308
 # Keys Tune adds to every result; they are bookkeeping, not measurements.
-_TUNE_KEYS = {"done", "training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid",
-              "time_since_restore", "iterations_since_restore", "timesteps_total", "episodes_total",
-              "timesteps_since_restore", "should_checkpoint"}
+_TUNE_KEYS = {
+    "done",
+    "training_iteration",
+    "timestamp",
+    "time_this_iter_s",
+    "time_total_s",
+    "pid",
+    "time_since_restore",
+    "iterations_since_restore",
+    "timesteps_total",
+    "episodes_total",
+    "timesteps_since_restore",
+    "should_checkpoint",
+}
 
 
 def default_tracking_uri(root: Path) -> str:
@@ -31,12 +43,34 @@ def default_tracking_uri(root: Path) -> str:
     return f"sqlite:///{(root / 'reports' / 'mlflow.db').resolve()}"
 
 
+# The stores MLflow can track to (a scheme may carry a driver: postgresql+psycopg2://).
+_TRACKING_SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Raise TrackingError (one line, naming --tracking-uri) for a URI MLflow cannot track to, and create a
+    SQLite database's folder, failing the same way when it cannot."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in _TRACKING_SCHEMES:
+        raise TrackingError(
+            f"--tracking-uri {uri}: MLflow cannot track to a {scheme!r} URI (use sqlite:///FILE, "
+            "http(s)://HOST:PORT, file:///DIR, postgresql://, mysql:// or mssql://)"
+        )
+    if scheme == "sqlite":
+        folder = Path(uri.removeprefix("sqlite:///")).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise TrackingError(f"--tracking-uri {uri}: cannot create {folder}: {error.strerror}") from None
+        if not os.access(folder, os.W_OK):
+            raise TrackingError(f"--tracking-uri {uri}: {folder} is not writable")
+
+
 def client_for(uri: str):
-    """An MlflowClient for `uri`, creating the SQLite file's folder when needed."""
+    """An MlflowClient for `uri` (checked by `check_tracking_uri`, which creates a SQLite file's folder)."""
     from mlflow.tracking import MlflowClient
 
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    check_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
 
 
@@ -107,8 +141,15 @@ class TrialTracker:
     be told apart from one the time budget cut short. `progress` receives one line per event.
     """
 
-    def __init__(self, client, experiment: str, parent_run_id: str, *,
-                 progress: Callable[[str], None] = print, total_trials: int | None = None) -> None:
+    def __init__(
+        self,
+        client,
+        experiment: str,
+        parent_run_id: str,
+        *,
+        progress: Callable[[str], None] = print,
+        total_trials: int | None = None,
+    ) -> None:
         from ray.tune import Callback
 
         self.client = client
@@ -145,19 +186,25 @@ class TrialTracker:
         """On resume: take over the trial runs already under the parent run. Runs of trials that were
         interrupted are closed as early_stopped with `reason` (their trials are not rerun).
         Returns (runs adopted, of which interrupted)."""
-        runs = self.client.search_runs([self.experiment_id],
-                                       filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_run_id}'",
-                                       max_results=10_000)
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_run_id}'", max_results=10_000
+        )
         interrupted = 0
         for run in runs:
             trial_id = run.data.tags.get("trial_id")
             if not trial_id:
                 continue
             status = run.data.tags.get("trial_status", TrialStatus.RUNNING.value)
-            outcome = TrialOutcome(trial_id, run.info.run_id, dict(run.data.params),
-                                   metrics=dict(run.data.metrics), status=status,
-                                   reason=run.data.tags.get("status_reason", ""),
-                                   steps=int(run.data.metrics.get("load_step", 0)), closed=True)
+            outcome = TrialOutcome(
+                trial_id,
+                run.info.run_id,
+                dict(run.data.params),
+                metrics=dict(run.data.metrics),
+                status=status,
+                reason=run.data.tags.get("status_reason", ""),
+                steps=int(run.data.metrics.get("load_step", 0)),
+                closed=True,
+            )
             if status not in FINAL_STATUSES or run.info.status == "RUNNING":
                 interrupted += 1
                 outcome.status, outcome.reason = TrialStatus.EARLY_STOPPED, reason
@@ -170,10 +217,16 @@ class TrialTracker:
     def trial_started(self, trial_id: str, params: dict[str, Any]) -> None:
         if trial_id in self.outcomes:
             return
-        run = self.client.create_run(self.experiment_id, run_name=f"trial-{trial_id}",
-                                     tags={PARENT_TAG: self.parent_run_id, "trial_id": trial_id,
-                                           RUN_KIND_TAG: RunKind.TRIAL.value,
-                                           "trial_status": TrialStatus.RUNNING.value})
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"trial-{trial_id}",
+            tags={
+                PARENT_TAG: self.parent_run_id,
+                "trial_id": trial_id,
+                RUN_KIND_TAG: RunKind.TRIAL.value,
+                "trial_status": TrialStatus.RUNNING.value,
+            },
+        )
         for key, value in params.items():
             self.client.log_param(run.info.run_id, key, value)
         self.outcomes[trial_id] = TrialOutcome(trial_id, run.info.run_id, params)
@@ -203,15 +256,18 @@ class TrialTracker:
             verdict += f" (TTFT grew {metrics.get('ttft_growth', 0):.2f} s/s: not sustainable)"
         health = ""
         if metrics.get("replica_failures") or metrics.get("false_alarms"):
-            health = (f"  | {metrics.get('replica_failures', 0):.0f} replica(s) declared dead, detected in "
-                      f"{metrics.get('detection_s', 0):.1f}s, {metrics.get('false_alarms', 0):.0f} false "
-                      f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
-                      f"{metrics.get('lost_requests', 0):.0f} lost")
-        self._say(f"  {trial_id} step {step} {result.get('phase', '')} {metrics.get('load_factor', 0):.3g}x "
-                  f"({metrics.get('arrival_rps', 0):.2f} rps): {verdict}  headroom "
-                  f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
-                  f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s"
-                  + health)
+            health = (
+                f"  | {metrics.get('replica_failures', 0):.0f} replica(s) declared dead, detected in "
+                f"{metrics.get('detection_s', 0):.1f}s, {metrics.get('false_alarms', 0):.0f} false "
+                f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
+                f"{metrics.get('lost_requests', 0):.0f} lost"
+            )
+        self._say(
+            f"  {trial_id} step {step} {result.get('phase', '')} {metrics.get('load_factor', 0):.3g}x "
+            f"({metrics.get('arrival_rps', 0):.2f} rps): {verdict}  headroom "
+            f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
+            f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s" + health
+        )
         for key in ("replica_nodes",):
             if isinstance(result.get(key), str) and result[key]:
                 self.client.set_tag(outcome.run_id, key, result[key])
@@ -225,7 +281,8 @@ class TrialTracker:
         elif outcome.status not in (TrialStatus.COMPLETED, TrialStatus.INFEASIBLE):
             outcome.status = TrialStatus.EARLY_STOPPED
             outcome.reason = self.stopped_by_scheduler.get(
-                trial_id, f"stopped after step {outcome.steps} by the search's budget")
+                trial_id, f"stopped after step {outcome.steps} by the search's budget"
+            )
         self._close(outcome)
 
     def close_open_runs(self, reason: str) -> None:
@@ -243,8 +300,10 @@ class TrialTracker:
         self.client.set_tag(run_id, "status_reason", outcome.reason[:5000])
         self.client.set_terminated(run_id, "FINISHED" if status != TrialStatus.INFEASIBLE else "FAILED")
         outcome.closed = True
-        self._say(f"trial {outcome.trial_id} {status.value}: {capacity_text(outcome.metrics, status)}, "
-                  f"ref ttft p95 {_fmt(outcome.metrics.get('ref_ttft_p95_s'))}s; {outcome.reason}")
+        self._say(
+            f"trial {outcome.trial_id} {status.value}: {capacity_text(outcome.metrics, status)}, "
+            f"ref ttft p95 {_fmt(outcome.metrics.get('ref_ttft_p95_s'))}s; {outcome.reason}"
+        )
 
     def _say(self, line: str) -> None:
         elapsed = int(time.monotonic() - self._started)
@@ -273,8 +332,9 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def start_parent_run(client, experiment: str, *, run_name: str, params: dict[str, Any],
-                     tags: dict[str, str], documents: dict[str, Any]) -> str:
+def start_parent_run(
+    client, experiment: str, *, run_name: str, params: dict[str, Any], tags: dict[str, str], documents: dict[str, Any]
+) -> str:
     """Open the search's parent run with its params, tags and JSON/YAML documents; returns its id."""
     exp_id = experiment_id(client, experiment, create=True)
     run = client.create_run(exp_id, run_name=run_name, tags={RUN_KIND_TAG: RunKind.SEARCH.value, **tags})

@@ -80,7 +80,8 @@ for _metric in METRICS:
     for _stat in STATS:
         STEP_METRICS[latency_name(_metric, _stat)] = f"{_stat} of {_metric} over completed counted requests"
         STEP_METRICS[slo_latency_name(_metric, _stat)] = (
-            f"{_stat} of {_metric} as the SLO judges it: failed requests count as infinitely slow")
+            f"{_stat} of {_metric} as the SLO judges it: failed requests count as infinitely slow"
+        )
 
 # What a trial carries forward after each step: the capacity found so far and the reference latencies.
 TRIAL_METRICS: dict[str, str] = {

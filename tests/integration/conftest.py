@@ -14,8 +14,13 @@ def ray_local():
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
+    )
     yield ray
     ray.shutdown()
     assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []

@@ -16,8 +16,9 @@ LEAK_PATTERN = ENGINE_PATTERN + "|ray::|raylet|gcs_server"
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """`python -m tuner ARGS` in the repo root, with output captured."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout
+    )
 
 
 def leftover_processes(wait_s: float = 20.0, pattern: str = LEAK_PATTERN) -> list[str]:

@@ -20,16 +20,21 @@ pytestmark = pytest.mark.integration
 def test_a_real_capacity_search_brackets_the_breaking_point(ray_local):
     # The embedded default's workload and SLO, short steps; a small batch breaks at a few times the
     # bundled trace's rate on one core, so the climb from 2x fails within a few doublings.
-    prepared = prepare(load_config(None, {"capacity.tail_requests": 3, "capacity.min_window_s": 6,
-                                          "capacity.warmup_requests": 5}), device_has_gpu=False)
-    context = dataclasses.replace(trial_context(prepared), plan=CapacityPlan(
-        start_factor=2.0, growth=2.0, max_factor=32.0, min_factor=1.0, resolution=0.3))
+    prepared = prepare(
+        load_config(None, {"capacity.tail_requests": 3, "capacity.min_window_s": 6, "capacity.warmup_requests": 5}),
+        device_has_gpu=False,
+    )
+    context = dataclasses.replace(
+        trial_context(prepared),
+        plan=CapacityPlan(start_factor=2.0, growth=2.0, max_factor=32.0, min_factor=1.0, resolution=0.3),
+    )
 
     async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
         return await start_ray_pool(spec, replicas, placement_group=None, health=health, replace=True)
 
-    runner = TrialRunner(context, {"max_num_seqs": 4, "max_num_batched_tokens": 256,
-                                   "gpu_memory_utilization": 0.5}, factory)
+    runner = TrialRunner(
+        context, {"max_num_seqs": 4, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.5}, factory
+    )
     runner.start()
     results = []
     try:

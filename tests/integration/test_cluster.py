@@ -20,8 +20,16 @@ def test_trials_are_placed_on_both_nodes_of_an_existing_cluster(tmp_path):
     cluster.wait_for_nodes()
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     try:
-        result = run_cli("search", "--config", str(ROOT / "tests" / "fixtures" / "search-cluster.yaml"),
-                         "--address", cluster.address, "--tracking-uri", uri, timeout=600)
+        result = run_cli(
+            "search",
+            "--config",
+            str(ROOT / "tests" / "fixtures" / "search-cluster.yaml"),
+            "--address",
+            cluster.address,
+            "--tracking-uri",
+            uri,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     finally:
         cluster.shutdown()

@@ -25,8 +25,13 @@ def serving(request) -> str:
 
 
 def _start(serving: str, **engine_args) -> str:
-    args = {"model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "enforce_eager": True,
-            "distributed_executor_backend": "uni", **engine_args}
+    args = {
+        "model": str(ensure_tiny_model()),
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "distributed_executor_backend": "uni",
+        **engine_args,
+    }
     spec = EngineSpec(engine_args=args, serving=serving)
     engine = VllmServer(spec) if serving == "openai-server" else VllmEngine(spec)
     loop = asyncio.new_event_loop()
@@ -57,9 +62,10 @@ def test_invalid_engine_argument_names_it(serving):
 
 
 def test_vllm_defaults_are_the_baseline():
-    defaults = vllm_defaults({"model": str(ensure_tiny_model()), "skip_tokenizer_init": True,
-                              "max_model_len": 2048},
-                             ["max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"])
+    defaults = vllm_defaults(
+        {"model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "max_model_len": 2048},
+        ["max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"],
+    )
     assert defaults["max_num_seqs"] >= 1 and defaults["max_num_batched_tokens"] >= 1
     assert isinstance(defaults["enable_prefix_caching"], bool)
 
@@ -84,8 +90,9 @@ asyncio.run(VllmServer(EngineSpec(engine_args=args, serving="openai-server")).st
 def test_a_server_whose_starter_is_killed_mid_start_leaves_no_engine_behind():
     # A search killed while a trial starts its engines: the server is still starting (vLLM's server then
     # exits on SIGTERM without stopping its engine core); nothing of it may outlive its starter.
-    starter = subprocess.Popen([sys.executable, "-c", _STARTER], cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    starter = subprocess.Popen(
+        [sys.executable, "-c", _STARTER], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     engine = ""
     while not engine and time.monotonic() < deadline and starter.poll() is None:

@@ -91,9 +91,7 @@ def test_exported_vllm_serve_yaml_serves_a_completion_on_cpu(tmp_path: Path) -> 
     )
     out = tmp_path / "out"
     cli = TunerGroup(name="tuner", commands={"export": export})
-    exported = CliRunner().invoke(
-        cli, ["export", "--experiment", "serve-me", "--tracking-uri", uri, "--out", str(out)]
-    )
+    exported = CliRunner().invoke(cli, ["export", "--experiment", "serve-me", "--tracking-uri", uri, "--out", str(out)])
     assert exported.exit_code == 0, exported.output
     config = yaml.safe_load((out / "vllm-serve.yaml").read_text())
     assert config["model"] == model and config["host"] == "127.0.0.1"
@@ -122,16 +120,10 @@ def test_exported_vllm_serve_yaml_serves_a_completion_on_cpu(tmp_path: Path) -> 
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while _get(f"http://127.0.0.1:{port}/health") != 200:
-            assert server.poll() is None, (
-                f"the server exited with {server.returncode}:\n{log_path.read_text()[-4000:]}"
-            )
-            assert time.monotonic() < deadline, (
-                f"no /health after {START_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}"
-            )
+            assert server.poll() is None, f"the server exited with {server.returncode}:\n{log_path.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"no /health after {START_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}"
             time.sleep(1.0)
-        body = json.dumps(
-            {"model": "serve-me", "prompt": "def main", "max_tokens": 5, "temperature": 0}
-        ).encode()
+        body = json.dumps({"model": "serve-me", "prompt": "def main", "max_tokens": 5, "temperature": 0}).encode()
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
         )

@@ -20,14 +20,23 @@ pytestmark = pytest.mark.integration
 
 
 def _spec(**overrides) -> EngineSpec:
-    args = {"model": str(ensure_tiny_model()), "skip_tokenizer_init": True, "enforce_eager": True,
-            "max_model_len": 1024, "max_num_seqs": 16, "max_num_batched_tokens": 512,
-            "kv_cache_memory_bytes": 16 << 20, "distributed_executor_backend": "uni", **overrides}
+    args = {
+        "model": str(ensure_tiny_model()),
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "max_model_len": 1024,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 512,
+        "kv_cache_memory_bytes": 16 << 20,
+        "distributed_executor_backend": "uni",
+        **overrides,
+    }
     return EngineSpec(engine_args=args)
 
 
-WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=16) for i in range(40)),
-                    {"source": "test"})
+WORKLOAD = Workload(
+    tuple(Request(arrival_s=i * 0.1, prompt_tokens=64, output_tokens=16) for i in range(40)), {"source": "test"}
+)
 
 
 def test_two_replicas_start_in_parallel_share_load_and_leave_nothing(ray_local):
@@ -38,10 +47,12 @@ def test_two_replicas_start_in_parallel_share_load_and_leave_nothing(ray_local):
     try:
         assert len(pool.info) == 2
         assert {tuple(i["cores"]) for i in pool.info} == {(0,), (1,)}, "each replica on its own core"
-        # In parallel: well under twice one engine's start (each alone takes most of this).
-        assert start_s < 2 * max(i["start_s"] for i in pool.info)
-        plan = plan_step(sample_step(WORKLOAD, measured=25, warmup=5, windows=1, seed=0), rate_rps=10, step_seed=1,
-                         vocab_size=4096)
+        # In parallel: the pool's start is about one engine's, well under the sum a sequential start needs.
+        starts = [i["start_s"] for i in pool.info]
+        assert start_s < 0.8 * sum(starts), (start_s, starts)
+        plan = plan_step(
+            sample_step(WORKLOAD, measured=25, warmup=5, windows=1, seed=0), rate_rps=10, step_seed=1, vocab_size=4096
+        )
         records = loop.run_until_complete(replay_step(pool, plan, deadline_s=20, id_prefix="pool"))
         assert all(r.ok for r in records), [r.error for r in records if not r.ok]
         assert {r.replica for r in records} == {0, 1}
@@ -56,8 +67,9 @@ def test_requests_of_a_killed_replica_are_retried_and_no_engine_is_left_behind(r
     loop = asyncio.new_event_loop()
     pool = loop.run_until_complete(start_ray_pool(_spec(), 2, placement_group=None))
     try:
-        plan = plan_step(sample_step(WORKLOAD, measured=30, warmup=0, windows=1, seed=0), rate_rps=10, step_seed=2,
-                         vocab_size=4096)
+        plan = plan_step(
+            sample_step(WORKLOAD, measured=30, warmup=0, windows=1, seed=0), rate_rps=10, step_seed=2, vocab_size=4096
+        )
 
         async def kill_soon():
             await asyncio.sleep(1.0)
@@ -87,8 +99,9 @@ def test_a_replica_that_cannot_start_stops_the_others_and_names_the_reason(ray_l
     loop = asyncio.new_event_loop()
     try:
         with pytest.raises(EngineError) as error:
-            loop.run_until_complete(start_ray_pool(_spec(max_model_len=2048, kv_cache_memory_bytes=1 << 20),
-                                                   2, placement_group=None))
+            loop.run_until_complete(
+                start_ray_pool(_spec(max_model_len=2048, kv_cache_memory_bytes=1 << 20), 2, placement_group=None)
+            )
     finally:
         loop.close()
     assert "cache" in str(error.value).lower()

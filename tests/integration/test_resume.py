@@ -20,9 +20,14 @@ def test_a_killed_search_resumes_without_rerunning_or_duplicating(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     config = str(ROOT / "tests" / "fixtures" / "search-short.yaml")
     args = ["search", "--config", config, "--name", "resume-test", "--tracking-uri", uri]
-    driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     seen: list[str] = []
     deadline = time.monotonic() + 600
     assert driver.stdout is not None
@@ -60,7 +65,6 @@ def test_a_killed_search_resumes_without_rerunning_or_duplicating(tmp_path):
     assert any(r.data.tags["status_reason"].startswith("interrupted") for r in trials)
     assert all(r.info.status != "RUNNING" for r in trials)
     assert all(r.data.tags["trial_status"] in ("completed", "early_stopped", "infeasible") for r in trials)
-    recorded = json.loads(open(client.download_artifacts(parents[0].info.run_id, "trials.json",
-                                                         str(tmp_path))).read())
+    recorded = json.loads(open(client.download_artifacts(parents[0].info.run_id, "trials.json", str(tmp_path))).read())
     assert sorted(row["trial_id"] for row in recorded["trials"]) == sorted(ids)
     assert leftover_processes() == []

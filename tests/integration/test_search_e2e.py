@@ -15,8 +15,9 @@ STATUSES = {"completed", "early_stopped", "infeasible"}
 
 def _search(tmp_path, config: str, name: str):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = run_cli("search", "--config", str(ROOT / "tests" / "fixtures" / config), "--name", name,
-                     "--tracking-uri", uri)
+    result = run_cli(
+        "search", "--config", str(ROOT / "tests" / "fixtures" / config), "--name", name, "--tracking-uri", uri
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     from mlflow.tracking import MlflowClient
 
@@ -40,10 +41,8 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"pareto.json", "pareto.png", "search_config.yaml", "workload.json", "trials.json"} <= artifacts
-    pareto = json.loads(open(client.download_artifacts(parent.info.run_id, "pareto.json",
-                                                       str(tmp_path))).read())
-    workload = json.loads(open(client.download_artifacts(parent.info.run_id, "workload.json",
-                                                         str(tmp_path))).read())
+    pareto = json.loads(open(client.download_artifacts(parent.info.run_id, "pareto.json", str(tmp_path))).read())
+    workload = json.loads(open(client.download_artifacts(parent.info.run_id, "workload.json", str(tmp_path))).read())
     assert workload["sha256"] and workload["format"] == "canonical"
 
     # Every trial: a nested run with its params, a status tag and a reason.
@@ -52,8 +51,9 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
     assert set(statuses) <= STATUSES
     assert "completed" in statuses or "early_stopped" in statuses
     for trial in trials:
-        assert {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "num_replicas"} <= \
-            set(trial.data.params)
+        assert {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "num_replicas"} <= set(
+            trial.data.params
+        )
         assert trial.data.tags["status_reason"]
         assert trial.info.status in ("FINISHED", "FAILED")
         if trial.data.tags["trial_status"] == "infeasible":
@@ -61,25 +61,44 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
         # Metrics per load step, with step = load_step.
         history = client.get_metric_history(trial.info.run_id, "slo_headroom")
         assert [m.step for m in history] == list(range(1, len(history) + 1))
-        for key in ("capacity_rps_per_accel", "capacity_lo_rps_per_accel", "capacity_censored", "ref_ttft_p95_s",
-                    "ttft_p95_s", "tpot_p95_s", "itl_p95_s", "e2e_p99_s", "slo_ttft_p95_s", "goodput_rps",
-                    "slo_attainment", "output_tok_s", "send_lag_p99_s", "offered_rps", "arrival_rps",
-                    "measured_requests", "achieved_rps", "failed_requests"):
+        for key in (
+            "capacity_rps_per_accel",
+            "capacity_lo_rps_per_accel",
+            "capacity_censored",
+            "ref_ttft_p95_s",
+            "ttft_p95_s",
+            "tpot_p95_s",
+            "itl_p95_s",
+            "e2e_p99_s",
+            "slo_ttft_p95_s",
+            "goodput_rps",
+            "slo_attainment",
+            "output_tok_s",
+            "send_lag_p99_s",
+            "offered_rps",
+            "arrival_rps",
+            "measured_requests",
+            "achieved_rps",
+            "failed_requests",
+        ):
             assert key in trial.data.metrics, key
         assert trial.data.tags["run_kind"] == "trial"
         metrics = trial.data.metrics
         # The capacity is a measured rate: the arrival rate of a step that passed, per accelerator.
-        passed = [m.value for m in client.get_metric_history(trial.info.run_id, "arrival_rps")
-                  if any(p.step == m.step and p.value == 1.0
-                         for p in client.get_metric_history(trial.info.run_id, "slo_pass"))]
+        passed = [
+            m.value
+            for m in client.get_metric_history(trial.info.run_id, "arrival_rps")
+            if any(
+                p.step == m.step and p.value == 1.0 for p in client.get_metric_history(trial.info.run_id, "slo_pass")
+            )
+        ]
         accelerators = metrics["num_accelerators"]
         if metrics["capacity_rps_per_accel"] > 0:
             assert any(abs(v / accelerators - metrics["capacity_rps_per_accel"]) < 1e-9 for v in passed)
         if metrics["capacity_censored"] == 0.0 and metrics["capacity_rps_per_accel"] > 0:
             assert metrics["capacity_hi_rps_per_accel"] > metrics["capacity_rps_per_accel"]
     # The baseline (two replicas) ran first, and load was per accelerator.
-    baseline = [t for t in trials if t.data.params["num_replicas"] == "2"
-                and t.data.params["max_num_seqs"] == "32"]
+    baseline = [t for t in trials if t.data.params["num_replicas"] == "2" and t.data.params["max_num_seqs"] == "32"]
     assert baseline, "the baseline point is evaluated"
     first = client.get_metric_history(baseline[0].info.run_id, "offered_rps")
     assert first and first[0].value == pytest.approx(2 * 10.0, rel=0.01)
@@ -91,10 +110,14 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
     assert front and all(row["status"] in ("completed", "early_stopped") for row in front)
     for a in front:
         for b in front:
-            better = (b["metrics"]["capacity_rps_per_accel"] >= a["metrics"]["capacity_rps_per_accel"]
-                      and b["metrics"]["ref_ttft_p95_s"] <= a["metrics"]["ref_ttft_p95_s"])
-            strictly = (b["metrics"]["capacity_rps_per_accel"] > a["metrics"]["capacity_rps_per_accel"]
-                        or b["metrics"]["ref_ttft_p95_s"] < a["metrics"]["ref_ttft_p95_s"])
+            better = (
+                b["metrics"]["capacity_rps_per_accel"] >= a["metrics"]["capacity_rps_per_accel"]
+                and b["metrics"]["ref_ttft_p95_s"] <= a["metrics"]["ref_ttft_p95_s"]
+            )
+            strictly = (
+                b["metrics"]["capacity_rps_per_accel"] > a["metrics"]["capacity_rps_per_accel"]
+                or b["metrics"]["ref_ttft_p95_s"] < a["metrics"]["ref_ttft_p95_s"]
+            )
             assert not (better and strictly), "a front member is dominated"
 
     assert leftover_processes() == []
@@ -102,8 +125,7 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
 
 def test_search_on_an_imported_production_trace(tmp_path):
     result, client, parent, trials = _search(tmp_path, "search-azure.yaml", "e2e-azure")
-    workload = json.loads(open(client.download_artifacts(parent.info.run_id, "workload.json",
-                                                         str(tmp_path))).read())
+    workload = json.loads(open(client.download_artifacts(parent.info.run_id, "workload.json", str(tmp_path))).read())
     assert workload["format"] == "azure"
     assert [t["transforms"] if "transforms" in t else t for t in workload["transforms"]]
     assert float(parent.data.params["reference_rps"]) == pytest.approx(4.0, rel=0.01)

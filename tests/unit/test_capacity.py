@@ -67,14 +67,20 @@ def test_failing_down_to_the_minimum_has_no_capacity():
     found = bracket(seen)
     assert found.capacity == 0.0 and not found.censored and found.hi == 0.25
     assert limit(plan, seen) == Limit.MIN_LOAD
-    assert "fails the SLO at every load tried (down to 0.25x" in describe(found, Limit.MIN_LOAD, plan,
-                                                                          reference_rps=4.0)
+    assert "fails the SLO at every load tried (down to 0.25x" in describe(
+        found, Limit.MIN_LOAD, plan, reference_rps=4.0
+    )
 
 
 def test_capacity_is_the_highest_pass_below_the_lowest_failure_never_a_noisy_pass_above_it():
-    seen = [Observation(1.0, 1.0, True), Observation(2.0, 2.0, False), Observation(1.4, 1.4, True, Phase.REFINE),
-            Observation(1.7, 1.7, False, Phase.REFINE), Observation(1.55, 1.55, True, Phase.REFINE),
-            Observation(3.0, 3.0, True, Phase.REFINE)]
+    seen = [
+        Observation(1.0, 1.0, True),
+        Observation(2.0, 2.0, False),
+        Observation(1.4, 1.4, True, Phase.REFINE),
+        Observation(1.7, 1.7, False, Phase.REFINE),
+        Observation(1.55, 1.55, True, Phase.REFINE),
+        Observation(3.0, 3.0, True, Phase.REFINE),
+    ]
     found = bracket(seen)
     assert found.capacity == 1.55 and found.hi == 1.7 and not found.inconsistent
 
@@ -140,8 +146,11 @@ def test_the_bracket_contains_a_noisy_jump_in_at_least_90_percent_of_seeds(noise
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.booleans(), min_size=1, max_size=40), st.sampled_from([1.5, 2.0, 3.0]),
-       st.sampled_from([0.05, 0.1, 0.3]))
+@given(
+    st.lists(st.booleans(), min_size=1, max_size=40),
+    st.sampled_from([1.5, 2.0, 3.0]),
+    st.sampled_from([0.05, 0.1, 0.3]),
+)
 def test_any_verdicts_end_in_a_valid_bracket(verdicts, growth, resolution):
     plan = CapacityPlan(growth=growth, resolution=resolution, max_factor=20, min_factor=1 / growth**2)
     answers = iter(verdicts * 10)

@@ -32,33 +32,46 @@ def invoke(tmp_path):
     return run
 
 
-@pytest.mark.parametrize("space, expected", [
-    ("parameters:\n  max_num_seq: {type: int, low: 2, high: 8}\n", "parameters.max_num_seq: unknown parameter"),
-    ("parameters:\n  max_num_seqs: {type: int, low: 9, high: 8}\n", "`low <= high` must hold"),
-    ("parameters:\n  num_replicas: {type: categorical, choices: []}\n", "num_replicas.choices"),
-    ("parameters:\n  max_num_seqs: {type: int, low: 64, high: 128}\n  max_num_batched_tokens: "
-     "{type: int, low: 8, high: 32}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n", "can never hold"),
-    # Optuna cannot replay a baseline outside the space: caught before the search, not in its first trial.
-    ("parameters:\n  max_num_seqs: {type: categorical, choices: [4, 12]}\n",
-     "not among the choices [4, 12]; add it, or give 'baseline:' as a dict"),
-    ("parameters:\n  max_num_seqs: {type: categorical, choices: [4, 64]}\n  max_num_batched_tokens: "
-     "{type: categorical, choices: [32, 128]}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n"
-     "baseline: {max_num_seqs: 64, max_num_batched_tokens: 32}\n",
-     "baseline: the given baseline has max_num_batched_tokens=32 and breaks the constraint"),
-])
+@pytest.mark.parametrize(
+    "space, expected",
+    [
+        ("parameters:\n  max_num_seq: {type: int, low: 2, high: 8}\n", "parameters.max_num_seq: unknown parameter"),
+        ("parameters:\n  max_num_seqs: {type: int, low: 9, high: 8}\n", "`low <= high` must hold"),
+        ("parameters:\n  num_replicas: {type: categorical, choices: []}\n", "num_replicas.choices"),
+        (
+            "parameters:\n  max_num_seqs: {type: int, low: 64, high: 128}\n  max_num_batched_tokens: "
+            "{type: int, low: 8, high: 32}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n",
+            "can never hold",
+        ),
+        # Optuna cannot replay a baseline outside the space: caught before the search, not in its first trial.
+        (
+            "parameters:\n  max_num_seqs: {type: categorical, choices: [4, 12]}\n",
+            "not among the choices [4, 12]; add it, or give 'baseline:' as a dict",
+        ),
+        (
+            "parameters:\n  max_num_seqs: {type: categorical, choices: [4, 64]}\n  max_num_batched_tokens: "
+            "{type: categorical, choices: [32, 128]}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n"
+            "baseline: {max_num_seqs: 64, max_num_batched_tokens: 32}\n",
+            "baseline: the given baseline has max_num_batched_tokens=32 and breaks the constraint",
+        ),
+    ],
+)
 def test_bad_search_spaces(invoke, space, expected):
     line = invoke(space=space)
     assert "space.yaml" in line and expected in line
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--slo", "ttft:p95<5"], "--slo: SLO term 'ttft:p95<5'"),
-    (["--slo", "goodput:p95<5s"], "unknown metric 'goodput'"),
-    (["--slo", "ttft:p42<5s"], "unknown percentile 'p42'"),
-    (["--model", "/no/such/model"], "model.path: /no/such/model does not exist"),
-    (["--config", "/no/such/search.yaml"], "/no/such/search.yaml: config file not found"),
-    (["--num-samples", "0"], "--num-samples"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--slo", "ttft:p95<5"], "--slo: SLO term 'ttft:p95<5'"),
+        (["--slo", "goodput:p95<5s"], "unknown metric 'goodput'"),
+        (["--slo", "ttft:p42<5s"], "unknown percentile 'p42'"),
+        (["--model", "/no/such/model"], "model.path: /no/such/model does not exist"),
+        (["--config", "/no/such/search.yaml"], "/no/such/search.yaml: config file not found"),
+        (["--num-samples", "0"], "--num-samples"),
+    ],
+)
 def test_bad_flags(invoke, args, expected):
     assert expected in invoke(*args)
 
@@ -70,8 +83,10 @@ def test_objective_on_a_metric_that_is_not_reported(invoke):
 
 def test_trace_empty_after_filtering(invoke, tmp_path):
     trace = tmp_path / "trace.jsonl"
-    trace.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
-                     '{"arrival_s": 5, "prompt_tokens": 10, "output_tokens": 5}\n')
+    trace.write_text(
+        '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
+        '{"arrival_s": 5, "prompt_tokens": 10, "output_tokens": 5}\n'
+    )
     config = f"workload: {{path: {trace}, transforms: {{window_start_s: 100}}}}\n"
     assert "empty after filtering" in invoke(config=config)
 
@@ -90,8 +105,9 @@ def test_a_config_written_for_the_old_ladder_says_what_to_write_instead(invoke):
 
 def test_a_step_too_long_for_a_sparse_trace_is_an_up_front_error(invoke, tmp_path):
     trace = tmp_path / "sparse.jsonl"  # 1 request a minute: a 110-request step at 0.25x takes hours
-    trace.write_text("".join(f'{{"arrival_s": {60 * i}, "prompt_tokens": 10, "output_tokens": 5}}\n'
-                             for i in range(20)))
+    trace.write_text(
+        "".join(f'{{"arrival_s": {60 * i}, "prompt_tokens": 10, "output_tokens": 5}}\n' for i in range(20))
+    )
     line = invoke(config=f"workload: {{path: {trace}}}\n")
     assert "capacity: a step at the lowest load (0.25x the reference" in line
     assert "over capacity.max_step_s=600; raise workload.reference_rps" in line
@@ -102,7 +118,63 @@ def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "capacity search: climb 1x, 2x, 4x, 8x, 16x, then bisect to 20%" in out
-    assert "each step replays the same sample: 4 windows of the trace at random offsets, 100 measured requests " \
-           "or 10s of them" in out
+    assert (
+        "each step replays the same sample: 4 windows of the trace at random offsets, 100 measured requests "
+        "or 10s of them" in out
+    )
     assert "estimated engine time: about" in out and "when its capacity is near 4x" in out
     assert not (tmp_path / "m.db").exists()
+
+
+def test_a_model_directory_without_config_json_is_named_before_any_engine_starts(invoke, tmp_path):
+    (tmp_path / "not-a-model").mkdir()
+    line = invoke("--model", str(tmp_path / "not-a-model"), "--dry-run")
+    assert line == f"error: model.path: {tmp_path / 'not-a-model'} is not a model directory (it has no config.json)"
+
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("bogus://somewhere", "--tracking-uri bogus://somewhere: MLflow cannot track to a 'bogus' URI"),
+        (
+            "sqlite:////proc/no-such-dir/mlflow.db",
+            "--tracking-uri sqlite:////proc/no-such-dir/mlflow.db: cannot create",
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["search", "--dry-run"],
+        ["export", "--experiment", "x", "--out", "OUT"],
+        ["report", "--experiment", "x", "--out", "OUT"],
+    ],
+)
+def test_an_unusable_tracking_uri_is_one_line(tmp_path, uri, expected, command):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    result = CliRunner().invoke(main, [*args, "--tracking-uri", uri])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {expected}"), result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["export", "report"])
+def test_an_out_folder_that_cannot_be_created_is_one_line(tmp_path, command):
+    (tmp_path / "a-file").write_text("")
+    out = str(tmp_path / "a-file" / "deploy")
+    result = CliRunner().invoke(
+        main, [command, "--experiment", "x", "--out", out, "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: --out {out}: cannot create the folder: Not a directory", result.output
+
+
+def test_an_address_where_no_ray_cluster_listens_is_one_line(invoke):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    line = invoke("--address", f"127.0.0.1:{port}", "--dry-run")
+    assert line == f"error: --address 127.0.0.1:{port}: no Ray cluster answers there (Connection refused)"

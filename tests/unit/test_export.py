@@ -141,9 +141,7 @@ def _step_metrics(spec: dict[str, Any], *, slo_statistics: bool = True) -> list[
                 if slo_statistics:  # failed requests make the tail infinite, as the search's rule has it
                     tail = failed > 0 and metric in ("ttft", "tpot", "e2e") and stat in ("p95", "p99")
                     metrics[f"slo_{metric}_{stat}_s"] = MLFLOW_INFINITY if tail else value * scale
-        metrics.update(
-            ref or {"ref_ttft_p95_s": PENALTY, "ref_tpot_p95_s": PENALTY, "ref_e2e_p95_s": PENALTY}
-        )
+        metrics.update(ref or {"ref_ttft_p95_s": PENALTY, "ref_tpot_p95_s": PENALTY, "ref_e2e_p95_s": PENALTY})
         steps.append(metrics)
     return steps
 
@@ -172,9 +170,7 @@ def build_store(
     exp_id = (
         found.experiment_id
         if found
-        else client.create_experiment(
-            experiment, artifact_location=(root / "artifacts" / experiment).as_uri()
-        )
+        else client.create_experiment(experiment, artifact_location=(root / "artifacts" / experiment).as_uri())
     )
     config = {
         "name": experiment,
@@ -203,8 +199,16 @@ def build_store(
             "model": model,
             "workload": provenance.get("source"),
             "reference_rps": REFERENCE_RPS,
-            "capacity_plan": json.dumps({"start_factor": FACTORS[0], "growth": 2.0, "max_factor": FACTORS[-1],
-                                         "min_factor": FACTORS[0], "resolution": 0.1, "noise": 0.0}),
+            "capacity_plan": json.dumps(
+                {
+                    "start_factor": FACTORS[0],
+                    "growth": 2.0,
+                    "max_factor": FACTORS[-1],
+                    "min_factor": FACTORS[0],
+                    "resolution": 0.1,
+                    "noise": 0.0,
+                }
+            ),
             "num_samples": len(trials),
             "device": device,
             "objectives": "max:capacity_rps_per_accel,min:ref_ttft_p95_s",
@@ -249,9 +253,7 @@ def build_store(
         )
         for metrics in steps:
             step = int(metrics["load_step"])
-            client.log_batch(
-                run_id, metrics=[Metric(k, v, 1_700_000_000_000 + step, step) for k, v in metrics.items()]
-            )
+            client.log_batch(run_id, metrics=[Metric(k, v, 1_700_000_000_000 + step, step) for k, v in metrics.items()])
         client.set_tag(run_id, "trial_status", spec["status"])
         client.set_tag(run_id, "status_reason", spec["reason"])
         client.set_terminated(run_id, "FAILED" if spec["status"] == "infeasible" else "FINISHED")
@@ -396,8 +398,13 @@ def test_rejudge_under_a_laxer_slo_is_censored_where_the_search_measured(store: 
 
 
 def _step(load: float, ttft_p95: float, failed: float, *, recorded_slo: bool) -> dict[str, float]:
-    step = {"load_factor": load, "offered_rps": load, "arrival_rps": load, "ttft_p95_s": ttft_p95,
-            "failed_requests": failed}
+    step = {
+        "load_factor": load,
+        "offered_rps": load,
+        "arrival_rps": load,
+        "ttft_p95_s": ttft_p95,
+        "failed_requests": failed,
+    }
     if recorded_slo:
         step["slo_ttft_p95_s"] = MLFLOW_INFINITY if failed >= 5 else ttft_p95
     return step
@@ -405,8 +412,7 @@ def _step(load: float, ttft_p95: float, failed: float, *, recorded_slo: bool) ->
 
 def test_rejudging_applies_the_searchs_own_rule_to_failed_requests() -> None:
     # 3 failed requests in 100 leave the p95 finite (the search passed that step); 5 make it infinite.
-    steps = tuple(_step(load, 0.1, failed, recorded_slo=True) for load, failed in ((1.0, 0.0), (2.0, 3.0),
-                                                                                    (4.0, 5.0)))
+    steps = tuple(_step(load, 0.1, failed, recorded_slo=True) for load, failed in ((1.0, 0.0), (2.0, 3.0), (4.0, 5.0)))
     judged = rejudge(TrialRow("t", "r", "completed", steps=steps), parse_slo("ttft:p95<1s"))
     assert judged.capacity == pytest.approx(2.0)
     assert judged.metrics["capacity_hi_rps_per_accel"] == pytest.approx(4.0)
@@ -469,9 +475,7 @@ def test_load_search_takes_the_newest_search_that_has_trials(tmp_path: Path) -> 
     uri = build_store(tmp_path, "exp", [trial("old00001", "completed", [0.1, 0.2, 0.3])])
     build_store(tmp_path, "exp", [trial("new00001", "completed", [0.1, 0.2, 3.0])])
     client = client_for(uri)
-    start_parent_run(
-        client, "exp", run_name="crashed-before-any-trial", params={}, tags={"slo": SLO}, documents={}
-    )
+    start_parent_run(client, "exp", run_name="crashed-before-any-trial", params={}, tags={"slo": SLO}, documents={})
     assert [t.trial_id for t in load_search(client, "exp").trials] == ["new00001"]
 
 
@@ -519,9 +523,7 @@ def test_vllm_serve_yaml_is_read_by_vllms_own_parser(exported: Path, vllm_parser
     assert args.gpu_memory_utilization != 0.75  # the searched fraction went in as bytes of KV cache
 
 
-def test_vllm_serve_yaml_on_gpu_keeps_the_memory_fraction_and_the_model_uri(
-    tmp_path: Path, vllm_parser
-) -> None:
+def test_vllm_serve_yaml_on_gpu_keeps_the_memory_fraction_and_the_model_uri(tmp_path: Path, vllm_parser) -> None:
     uri = build_store(
         tmp_path,
         "gpu-exp",
@@ -548,9 +550,7 @@ def test_vllm_serve_yaml_on_gpu_keeps_the_memory_fraction_and_the_model_uri(
         options=ExportOptions(model_uri="Qwen/Qwen2.5-0.5B-Instruct", host="0.0.0.0", port=9000),
     )
     args = vllm_parser(tmp_path / "out" / "vllm-serve.yaml")
-    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.served_model_name == [
-        "Qwen/Qwen2.5-0.5B-Instruct"
-    ]
+    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.served_model_name == ["Qwen/Qwen2.5-0.5B-Instruct"]
     assert args.gpu_memory_utilization == 0.92 and args.kv_cache_memory_bytes is None
     assert args.enable_chunked_prefill is False and args.dtype == "bfloat16" and args.port == 9000
     assert args.skip_tokenizer_init is False  # a measuring-only setting never reaches the deployment
@@ -615,10 +615,7 @@ def test_serve_llm_yaml_carries_replicas_heartbeats_and_accelerator(tmp_path: Pa
     for pool_param in ("num_replicas", "heartbeat_period_s", "failure_threshold"):
         assert pool_param not in llm.engine_kwargs
     best = json.loads((tmp_path / "out" / "best.json").read_text())
-    assert (
-        best["deployment"]["searched_failure_threshold"] == 5
-        and best["deployment"]["serve_failure_threshold"] == 3
-    )
+    assert best["deployment"]["searched_failure_threshold"] == 5 and best["deployment"]["serve_failure_threshold"] == 3
     manifest = yaml.safe_load((tmp_path / "out" / "rayservice.yaml").read_text())
     worker = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     assert (
@@ -705,12 +702,8 @@ def test_best_json_has_params_metrics_and_provenance_and_no_secret(tmp_path: Pat
     result = export_search(uri, "prov", tmp_path / "out", options=ExportOptions(model_uri="org/prod-model"))
     best = json.loads(result.files["best.json"].read_text())
     assert best["experiment"] == "prov" and best["trial_id"] == "win00002" and best["parent_run_id"]
-    assert best["params"]["max_num_seqs"] == 32 and best["metrics"][
-        "capacity_rps_per_accel"
-    ] == pytest.approx(4.0)
-    assert best["workload"]["sha256"] == "cd" * 32 and best["workload"]["transforms"] == [
-        {"op": "scale", "factor": 2}
-    ]
+    assert best["params"]["max_num_seqs"] == 32 and best["metrics"]["capacity_rps_per_accel"] == pytest.approx(4.0)
+    assert best["workload"]["sha256"] == "cd" * 32 and best["workload"]["transforms"] == [{"op": "scale", "factor": 2}]
     assert best["model"] == {
         "tuned_path": "/models/tiny",
         "model_uri": "org/prod-model",
@@ -737,9 +730,7 @@ def test_deployment_maps_the_kv_fraction_to_bytes_only_on_cpu() -> None:
         params={"device": "cpu", "model": "/m"},
         config={"hardware": {"kv_budget_mib": 100.0}, "model": {"max_model_len": 512}},
     )
-    chosen = TrialRow(
-        "t", "r", "completed", params={"gpu_memory_utilization": 0.5, "enable_chunked_prefill": False}
-    )
+    chosen = TrialRow("t", "r", "completed", params={"gpu_memory_utilization": 0.5, "enable_chunked_prefill": False})
     config = vllm_serve_config(deployment_for(record, chosen, ExportOptions()))
     assert config["kv-cache-memory-bytes"] == 50 * 2**20 and "gpu-memory-utilization" not in config
     assert config["no-enable-chunked-prefill"] is True and config["max-model-len"] == 512

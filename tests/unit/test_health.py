@@ -13,8 +13,10 @@ from tuner.records import PlannedRequest
 
 
 def _plan(n: int, gap_s: float, output: int = 30) -> list[PlannedRequest]:
-    return [PlannedRequest(index=i, scheduled_s=i * gap_s, prompt_token_ids=tuple(range(16, 48)),
-                           output_tokens=output) for i in range(n)]
+    return [
+        PlannedRequest(index=i, scheduled_s=i * gap_s, prompt_token_ids=tuple(range(16, 48)), output_tokens=output)
+        for i in range(n)
+    ]
 
 
 async def _replay_with_fault(pool: EnginePool, kind: str, *, at_s: float, n=30, gap=0.05):
@@ -45,8 +47,9 @@ def _replacer(made: list):
 def test_a_faulty_replica_is_declared_within_the_bound_replaced_and_nothing_is_lost(kind):
     policy = HealthPolicy(period_s=0.1, timeout_s=0.2, failure_threshold=3)
     made: list = []
-    pool = EnginePool([StandInEngine(tokens_per_s=600), StandInEngine(tokens_per_s=600)], health=policy,
-                      replace=_replacer(made))
+    pool = EnginePool(
+        [StandInEngine(tokens_per_s=600), StandInEngine(tokens_per_s=600)], health=policy, replace=_replacer(made)
+    )
     records = asyncio.run(_replay_with_fault(pool, kind, at_s=0.3))
 
     assert len(pool.declarations) == 1
@@ -148,9 +151,21 @@ def test_bad_policies_are_refused():
 
 def test_one_bad_request_is_not_a_dead_replica():
     from trainables.pool import proves_death
-    from tuner.errors import EngineError
+    from tuner.errors import EngineDied, EngineError
 
     assert not proves_death(ValueError("max_tokens must be at least 1"))
     assert not proves_death(EngineError("vLLM engine failed to start: bad argument"))
-    assert proves_death(EngineError("vLLM engine died: the engine-core process ended (killed by signal 9)"))
-    assert proves_death(RuntimeError("ActorDiedError: the actor died unexpectedly"))
+    assert proves_death(EngineDied("vLLM engine died: the engine-core process ended (killed by signal 9)"))
+    # The type decides, never the text.
+    assert not proves_death(RuntimeError("ActorDiedError: the actor died unexpectedly"))
+    assert not proves_death(EngineError("vLLM engine died: said by a message only"))
+
+    class ActorDiedError(Exception):  # Ray's actor errors are recognised by their class names
+        pass
+
+    assert proves_death(ActorDiedError("The actor died unexpectedly before finishing this task."))
+
+    class Wrapper(Exception):  # Ray's task errors carry the original as `cause`
+        cause = EngineDied("vLLM engine died: killed by signal 9")
+
+    assert proves_death(Wrapper("ray.exceptions.RayTaskError"))

@@ -58,9 +58,7 @@ def record(
 
 
 def summarize(records: list[RequestRecord], slo: str = "ttft:p95<1s", window_s: float = 10.0) -> StepSummary:
-    return summarize_step(
-        records, parse_slo(slo), load_step=2, load_factor=1.5, offered_rps=3.0, window_s=window_s
-    )
+    return summarize_step(records, parse_slo(slo), load_step=2, load_factor=1.5, offered_rps=3.0, window_s=window_s)
 
 
 def step(load_step: int, passed: bool, offered_rps: float) -> StepSummary:
@@ -76,8 +74,7 @@ def trial(
     penalty_latency_s: float = 60.0,
 ) -> dict[str, float]:
     """Trial metrics with the given (or default) settings."""
-    return trial_metrics(steps, num_accelerators=num_accelerators, penalty_latency_s=penalty_latency_s,
-                         ref_records=ref)
+    return trial_metrics(steps, num_accelerators=num_accelerators, penalty_latency_s=penalty_latency_s, ref_records=ref)
 
 
 # --- request_values ---------------------------------------------------------------------------
@@ -139,9 +136,7 @@ def test_stat_matches_numpy_on_finite_values(values: list[float], name: str) -> 
         ([1.0, INF], "mean", INF),
     ],
 )
-def test_stat_with_failures_as_infinity_never_gives_nan(
-    values: list[float], name: str, expected: float
-) -> None:
+def test_stat_with_failures_as_infinity_never_gives_nan(values: list[float], name: str, expected: float) -> None:
     assert stat(values, name) == expected
 
 
@@ -360,9 +355,7 @@ _records = st.builds(
     queue=st.none() | st.floats(min_value=0, max_value=10),
 )
 _slos = st.lists(
-    st.builds(
-        SloTerm, st.sampled_from(METRICS), st.sampled_from(STATS), st.floats(min_value=1e-3, max_value=100)
-    ),
+    st.builds(SloTerm, st.sampled_from(METRICS), st.sampled_from(STATS), st.floats(min_value=1e-3, max_value=100)),
     min_size=1,
     max_size=4,
     unique_by=lambda t: (t.metric, t.stat),
@@ -424,27 +417,43 @@ def _queueing(excess: float, n: int = 200, rate: float = 10.0, seed: int = 0) ->
 
 def test_a_growing_queue_is_not_sustainable_even_when_the_step_passes_its_bounds() -> None:
     records = _queueing(0.08)  # TTFT 0.2 s -> 1.8 s over a 20 s step
-    passing = summarize_step(records, parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0, offered_rps=10.0,
-                             window_s=20.0)
+    passing = summarize_step(
+        records, parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0, offered_rps=10.0, window_s=20.0
+    )
     assert passing.passed, "without the sustainability check the step passes"
-    growing = summarize_step(records, parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0, offered_rps=10.0,
-                             window_s=20.0, horizon_s=60.0)
+    growing = summarize_step(
+        records, parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0, offered_rps=10.0, window_s=20.0, horizon_s=60.0
+    )
     assert not growing.passed and growing.metrics["overloaded"] == 1.0
     assert growing.metrics["ttft_growth"] == pytest.approx(0.08, rel=0.15)
     assert growing.metrics["slo_headroom"] < 1.0
 
 
 def test_a_steady_server_is_sustainable() -> None:
-    steady = summarize_step(_queueing(0.0), parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0,
-                            offered_rps=10.0, window_s=20.0, horizon_s=60.0)
+    steady = summarize_step(
+        _queueing(0.0),
+        parse_slo("ttft:p95<3s"),
+        load_step=1,
+        load_factor=1.0,
+        offered_rps=10.0,
+        window_s=20.0,
+        horizon_s=60.0,
+    )
     assert steady.passed and steady.metrics["overloaded"] == 0.0
 
 
 def test_slight_growth_that_stays_within_the_bound_over_the_horizon_is_sustainable() -> None:
     growth = overload(_queueing(0.005), window_s=20.0, horizon_s=60.0)
     assert growth is not None and growth.projected_s < 3.0
-    assert summarize_step(_queueing(0.005), parse_slo("ttft:p95<3s"), load_step=1, load_factor=1.0,
-                          offered_rps=10.0, window_s=20.0, horizon_s=60.0).passed
+    assert summarize_step(
+        _queueing(0.005),
+        parse_slo("ttft:p95<3s"),
+        load_step=1,
+        load_factor=1.0,
+        offered_rps=10.0,
+        window_s=20.0,
+        horizon_s=60.0,
+    ).passed
 
 
 def test_overload_needs_a_few_seconds_of_window() -> None:

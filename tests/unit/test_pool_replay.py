@@ -13,8 +13,16 @@ from tuner.records import PlannedRequest
 
 
 def _plan(n: int, gap_s: float, prompt: int = 8, output: int = 4, warmup: int = 0) -> list[PlannedRequest]:
-    return [PlannedRequest(index=i, scheduled_s=i * gap_s, prompt_token_ids=tuple(range(16, 16 + prompt)),
-                           output_tokens=output, in_warmup=i < warmup) for i in range(n)]
+    return [
+        PlannedRequest(
+            index=i,
+            scheduled_s=i * gap_s,
+            prompt_token_ids=tuple(range(16, 16 + prompt)),
+            output_tokens=output,
+            in_warmup=i < warmup,
+        )
+        for i in range(n)
+    ]
 
 
 def test_router_picks_fewest_outstanding_then_least_used():
@@ -49,8 +57,7 @@ def test_replay_is_open_loop_and_on_schedule():
 
 def test_records_carry_exact_lengths_and_timings():
     pool = EnginePool([StandInEngine()])
-    records = asyncio.run(replay_step(pool, _plan(3, 0.01, prompt=12, output=6, warmup=1),
-                                      deadline_s=5, id_prefix="t"))
+    records = asyncio.run(replay_step(pool, _plan(3, 0.01, prompt=12, output=6, warmup=1), deadline_s=5, id_prefix="t"))
     assert [r.in_warmup for r in records] == [True, False, False]
     for record in records:
         assert record.ok and record.error is None

@@ -44,9 +44,7 @@ def two_searches(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def rendered(two_searches: str) -> tuple[str, str]:
     client = client_for(two_searches)
-    return build_report(
-        [load_search(client, "chat"), load_search(client, "code")], generated="2026-01-01 00:00"
-    )
+    return build_report([load_search(client, "chat"), load_search(client, "code")], generated="2026-01-01 00:00")
 
 
 def test_summary_finds_front_winner_baseline_and_gain(two_searches: str) -> None:
@@ -61,13 +59,9 @@ def test_summary_finds_front_winner_baseline_and_gain(two_searches: str) -> None
 
 
 def test_gain_when_the_baseline_passed_nothing_or_is_the_winner(tmp_path: Path) -> None:
-    uri = build_store(
-        tmp_path, "weak-base", [trial("b", "completed", [3.0]), trial("w", "completed", [0.1, 0.2, 3.0])]
-    )
+    uri = build_store(tmp_path, "weak-base", [trial("b", "completed", [3.0]), trial("w", "completed", [0.1, 0.2, 3.0])])
     assert "fails the SLO at every load tried" in gain_lines(summarize(load_search(client_for(uri), "weak-base")))[0]
-    uri = build_store(
-        tmp_path, "best-base", [trial("b", "completed", [0.1, 0.2, 0.3]), trial("w", "completed", [3.0])]
-    )
+    uri = build_store(tmp_path, "best-base", [trial("b", "completed", [0.1, 0.2, 0.3]), trial("w", "completed", [3.0])])
     assert "itself the best" in gain_lines(summarize(load_search(client_for(uri), "best-base")))[0]
 
 
@@ -75,10 +69,7 @@ def test_every_trial_is_in_the_table_with_status_and_reason(two_searches: str) -
     header, rows = trial_table(summarize(load_search(client_for(two_searches), "chat")))
     by_id = {r[0]: dict(zip(header, r, strict=True)) for r in rows}
     assert set(by_id) == {"base0001", "win00002", "fast0003", "stop0004", "dead0005"}
-    assert (
-        by_id["dead0005"]["status"] == "infeasible"
-        and by_id["dead0005"]["reason"] == "engine failed to start: KV"
-    )
+    assert by_id["dead0005"]["status"] == "infeasible" and by_id["dead0005"]["reason"] == "engine failed to start: KV"
     assert by_id["stop0004"]["capacity rps/accel"] == "≥ 2"  # a lower bound
     assert by_id["win00002"]["role"] == "winner, pareto" and by_id["base0001"]["role"] == "baseline"
     assert "max_num_seqs" in header and "enable_chunked_prefill" not in header  # only params that varied
@@ -116,9 +107,7 @@ def test_html_is_self_contained_with_every_plot(rendered: tuple[str, str]) -> No
     scripts = [attrs for tag, attrs in parser.tags if tag == "script"]
     assert page.startswith("<!DOCTYPE html>") and scripts
     assert not [a for a in scripts if a.get("src")], "every script is inline: the page works offline"
-    assert not [
-        a for tag, a in parser.tags if tag in ("link", "img", "iframe") and (a.get("href") or a.get("src"))
-    ]
+    assert not [a for tag, a in parser.tags if tag in ("link", "img", "iframe") and (a.get("href") or a.get("src"))]
     assert page.count("Plotly.newPlot") >= 6 and len(scripts) == 1 + page.count("Plotly.newPlot")
     ids = set(re.findall(r'id="(plot-[a-z0-9-]+)"', page))
     assert {
@@ -147,9 +136,7 @@ def test_markdown_has_comparison_front_gain_and_trial_tables(rendered: tuple[str
         "### Winner against the baseline",
     ):
         assert heading in markdown
-    assert (
-        "| dead0005 |  | infeasible |" in markdown and "engine failed to start: out of KV cache" in markdown
-    )
+    assert "| dead0005 |  | infeasible |" in markdown and "engine failed to start: out of KV cache" in markdown
     assert "| early_stopped |" in markdown
 
 
@@ -162,9 +149,7 @@ def test_comparison_lines_up_workloads_and_models(two_searches: str) -> None:
     assert table[0]["gain"] == "x2.00" and table[1]["trials (completed/early-stopped/infeasible)"] == "2/0/1"
 
 
-def test_generate_report_writes_both_files_and_logs_them_to_each_parent_run(
-    two_searches: str, tmp_path: Path
-) -> None:
+def test_generate_report_writes_both_files_and_logs_them_to_each_parent_run(two_searches: str, tmp_path: Path) -> None:
     result = generate_report(two_searches, ["chat", "code"], tmp_path / "out")
     assert result.html_path.read_text().startswith("<!DOCTYPE html>") and result.markdown_path.exists()
     client = client_for(two_searches)

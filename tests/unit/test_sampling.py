@@ -16,15 +16,25 @@ from tuner.workload.records import PREFIX_BLOCK_TOKENS, Request, Workload
 
 def _workload(gaps: list[float], prefix: bool = False) -> Workload:
     times = np.concatenate([[0.0], np.cumsum(gaps)])
-    requests = tuple(Request(arrival_s=float(t), prompt_tokens=600 if prefix else 20 + i % 7, output_tokens=5 + i,
-                             prefix_ids=(7, 100 + i) if prefix else ()) for i, t in enumerate(times))
+    requests = tuple(
+        Request(
+            arrival_s=float(t),
+            prompt_tokens=600 if prefix else 20 + i % 7,
+            output_tokens=5 + i,
+            prefix_ids=(7, 100 + i) if prefix else (),
+        )
+        for i, t in enumerate(times)
+    )
     return Workload(requests, {"source": "test"})
 
 
 def _measured_rate(plan, sample, rate: float) -> float:
     """Counted requests over their window, as the step summary measures it with a perfect client."""
-    counted = [RequestRecord(p.index, p.scheduled_s, p.scheduled_s, 1, 1, None, None, in_warmup=p.in_warmup)
-               for p in plan if not p.in_warmup]
+    counted = [
+        RequestRecord(p.index, p.scheduled_s, p.scheduled_s, 1, 1, None, None, in_warmup=p.in_warmup)
+        for p in plan
+        if not p.in_warmup
+    ]
     from tuner.metrics import _arrival_rps
 
     return _arrival_rps(counted, sample.window_s(rate))
@@ -34,8 +44,7 @@ def test_the_measured_requests_arrive_at_exactly_the_target_rate_on_a_bursty_tra
     rng = np.random.default_rng(1)
     gaps = rng.gamma(1 / 16, 16.0, size=999).tolist()  # burstiness CV 4
     workload = _workload(gaps)
-    sample = sample_step(workload, measured=200, warmup=20, windows=4, seed=3, min_window_s=10.0,
-                         max_rate_rps=300.0)
+    sample = sample_step(workload, measured=200, warmup=20, windows=4, seed=3, min_window_s=10.0, max_rate_rps=300.0)
     for rate in (0.5, 7.0, 30.0, 300.0):
         plan = plan_step(sample, rate_rps=rate, step_seed=1, vocab_size=4096)
         measured = [p for p in plan if not p.in_warmup]
@@ -96,8 +105,9 @@ def test_a_short_trace_is_replayed_in_whole_passes():
 
 def test_prompts_have_exact_lengths_and_no_special_tokens():
     sample = sample_step(_workload([1.0] * 20), measured=10, warmup=2, windows=2, seed=0)
-    for planned, request in zip(plan_step(sample, rate_rps=1.0, step_seed=3, vocab_size=512),
-                                sample.layout(1.0)[0], strict=True):
+    for planned, request in zip(
+        plan_step(sample, rate_rps=1.0, step_seed=3, vocab_size=512), sample.layout(1.0)[0], strict=True
+    ):
         assert len(planned.prompt_token_ids) == request.prompt_tokens
         assert planned.output_tokens == request.output_tokens
         assert all(FIRST_ORDINARY_TOKEN <= t < 512 for t in planned.prompt_token_ids)
@@ -114,9 +124,13 @@ def test_shared_prefix_ids_become_shared_token_prefixes_within_a_step_only():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.just(0.0), st.floats(min_value=1e-6, max_value=1e4)), min_size=0, max_size=60),
-       st.integers(min_value=1, max_value=120), st.integers(min_value=0, max_value=10),
-       st.integers(min_value=1, max_value=8), st.integers(min_value=0, max_value=10**6))
+@given(
+    st.lists(st.one_of(st.just(0.0), st.floats(min_value=1e-6, max_value=1e4)), min_size=0, max_size=60),
+    st.integers(min_value=1, max_value=120),
+    st.integers(min_value=0, max_value=10),
+    st.integers(min_value=1, max_value=8),
+    st.integers(min_value=0, max_value=10**6),
+)
 def test_any_trace_gives_ordered_arrivals_and_the_exact_rate(gaps, measured, warmup, windows, seed):
     sample = sample_step(_workload(gaps), measured=measured, warmup=warmup, windows=windows, seed=seed)
     requests, offsets = sample.layout(2.5)
@@ -126,16 +140,22 @@ def test_any_trace_gives_ordered_arrivals_and_the_exact_rate(gaps, measured, war
     assert _measured_rate(plan, sample, 2.5) == pytest.approx(2.5, rel=1e-9)
 
 
-@pytest.mark.parametrize(("percentiles", "tail", "expected"), [
-    ([95.0], 10, 200), ([99.0], 10, 1000), ([90.0, 95.0], 5, 100), ([50.0], 10, 20), ([], 10, 20)])
+@pytest.mark.parametrize(
+    ("percentiles", "tail", "expected"),
+    [([95.0], 10, 200), ([99.0], 10, 1000), ([90.0, 95.0], 5, 100), ([50.0], 10, 20), ([], 10, 20)],
+)
 def test_required_requests_leave_enough_above_the_percentile(percentiles, tail, expected):
     assert required_requests(percentiles, tail) == expected
 
 
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="rate_rps"):
-        plan_step(sample_step(_workload([1.0]), measured=1, warmup=0, windows=1, seed=0), rate_rps=0,
-                  step_seed=0, vocab_size=64)
+        plan_step(
+            sample_step(_workload([1.0]), measured=1, warmup=0, windows=1, seed=0),
+            rate_rps=0,
+            step_seed=0,
+            vocab_size=64,
+        )
     with pytest.raises(ValueError, match="measured >= 1"):
         sample_step(_workload([1.0]), measured=0, warmup=0, windows=1, seed=0)
     with pytest.raises(ValueError, match="percentiles"):

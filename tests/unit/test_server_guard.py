@@ -74,21 +74,46 @@ def test_a_killed_starter_takes_the_servers_whole_group_with_it(tmp_path):
             os.kill(int(marker.read_text()), signal.SIGKILL)
 
 
-def test_the_guard_ends_as_its_server_did_and_leaves_nothing(tmp_path):
-    marker = tmp_path / "helper.pid"
-    ends_with_3 = SERVER.replace("time.sleep(300)", "time.sleep(0.5); sys.exit(3)")
-    guard = start_pinned([sys.executable, GUARD, sys.executable, "-c", ends_with_3, str(marker)], [],
-                         env=dict(os.environ), stdout=subprocess.DEVNULL)
-    assert guard.wait(20) == 3
-    assert _gone(_wait_for_file(marker))
+# Run in a process of its own: the exit status of a child can only be read by its parent, and only while
+# SIGCHLD is not ignored; by the time this test runs, the pytest process may ignore it.
+EXIT_STATUS = """
+import os, signal, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from trainables.vllm_engine import start_pinned
+guard, marker, server, kill = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "kill"
+signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # pytest's own may be ignored (inherited through exec)
+process = start_pinned([sys.executable, guard, sys.executable, "-c", server, marker], [], env=dict(os.environ),
+                       stdout=subprocess.DEVNULL)
+if kill:
+    while not (os.path.exists(marker) and open(marker).read()):
+        time.sleep(0.05)
+    child = int(open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()[0])
+    os.kill(child, signal.SIGKILL)  # the server is killed (out of memory, say)
+print(process.wait(20))
+"""
 
-    marker.unlink()
-    guard = start_pinned([sys.executable, GUARD, sys.executable, "-c", SERVER, str(marker)], [],
-                         env=dict(os.environ), stdout=subprocess.DEVNULL)
-    helper = _wait_for_file(marker)
-    server = int(Path(f"/proc/{guard.pid}/task/{guard.pid}/children").read_text().split()[0])
-    os.kill(server, signal.SIGKILL)  # the server is killed (out of memory, say)
-    assert guard.wait(20) == -signal.SIGKILL, "the guard reports the server's own death"
+
+def _exit_status(tmp_path: Path, server: str, kill: bool) -> tuple[int, int]:
+    marker = tmp_path / f"helper-{kill}.pid"
+    root = str(Path(GUARD).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", EXIT_STATUS, root, GUARD, str(marker), server, "kill" if kill else "wait"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip()), _wait_for_file(marker)
+
+
+def test_the_guard_ends_as_its_server_did_and_leaves_nothing(tmp_path):
+    ends_with_3 = SERVER.replace("time.sleep(300)", "time.sleep(0.5); sys.exit(3)")
+    code, helper = _exit_status(tmp_path, ends_with_3, kill=False)
+    assert code == 3, "the guard exits with its server's status"
+    assert _gone(helper)
+
+    code, helper = _exit_status(tmp_path, SERVER, kill=True)
+    assert code == -signal.SIGKILL, "the guard reports the server's own death"
     assert _gone(helper)
 
 
@@ -96,16 +121,20 @@ def test_a_guard_killed_with_its_actor_still_leaves_nothing(tmp_path):
     # Ray SIGKILLs an exiting worker's child processes: the guard itself dies without a word; the kernel
     # then hangs up its terminal, which ends the server and its helper.
     marker = tmp_path / "helper.pid"
-    guard = start_pinned([sys.executable, GUARD, sys.executable, "-c", SERVER, str(marker)], [],
-                         env=dict(os.environ), stdout=subprocess.DEVNULL)
+    guard = start_pinned(
+        [sys.executable, GUARD, sys.executable, "-c", SERVER, str(marker)],
+        [],
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+    )
     helper = _wait_for_file(marker)
     server = int(Path(f"/proc/{guard.pid}/task/{guard.pid}/children").read_text().split()[0])
     guard.kill()
     guard.wait(10)
     assert _gone(server) and _gone(helper), "the server and its helper outlived their guard"
     deadline = time.monotonic() + 10
-    while subprocess.run(["pgrep", "-g", str(guard.pid)], capture_output=True).stdout and \
-            time.monotonic() < deadline:
+    while subprocess.run(["pgrep", "-g", str(guard.pid)], capture_output=True).stdout and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert subprocess.run(["pgrep", "-g", str(guard.pid)], capture_output=True).stdout == b"", \
+    assert subprocess.run(["pgrep", "-g", str(guard.pid)], capture_output=True).stdout == b"", (
         "nothing of the group is left"
+    )

@@ -107,9 +107,7 @@ def test_term_round_trips_through_the_parser(term: SloTerm) -> None:
     assert parse_slo(str(term)) == Slo((term,))
 
 
-@given(
-    st.lists(_terms, min_size=1, max_size=len(METRICS) * len(STATS), unique_by=lambda t: (t.metric, t.stat))
-)
+@given(st.lists(_terms, min_size=1, max_size=len(METRICS) * len(STATS), unique_by=lambda t: (t.metric, t.stat)))
 def test_slo_round_trips_through_the_parser(terms: list[SloTerm]) -> None:
     slo = Slo(tuple(terms))
     assert parse_slo(str(slo)) == slo

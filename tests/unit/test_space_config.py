@@ -8,8 +8,15 @@ from tuner.config import load_config
 from tuner.errors import ConfigError
 from tuner.space import SPACES_DIR, load_space
 
-KNOWN = {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "enable_chunked_prefill",
-         "enable_prefix_caching", "block_size", "tensor_parallel_size"}
+KNOWN = {
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "block_size",
+    "tensor_parallel_size",
+}
 
 
 @pytest.mark.parametrize("name", ["cpu-smoke", "default", "throughput", "latency"])
@@ -39,10 +46,15 @@ def test_define_by_run_honours_constraints():
 def test_a_constraint_may_name_a_parameter_written_after_it_and_a_baseline_outside_the_range_runs(tmp_path):
     import optuna
 
-    space = load_space(_space(tmp_path, "parameters:\n  max_num_batched_tokens: {type: int, low: 8, high: 512}\n"
-                                        "  max_num_seqs: {type: int, low: 2, high: 256}\n"
-                                        "constraints: [max_num_batched_tokens >= max_num_seqs]\n"),
-                       known_engine_args=KNOWN)
+    space = load_space(
+        _space(
+            tmp_path,
+            "parameters:\n  max_num_batched_tokens: {type: int, low: 8, high: 512}\n"
+            "  max_num_seqs: {type: int, low: 2, high: 256}\n"
+            "constraints: [max_num_batched_tokens >= max_num_seqs]\n",
+        ),
+        known_engine_args=KNOWN,
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
     study.enqueue_trial({"max_num_batched_tokens": 2048, "max_num_seqs": 128})  # vLLM's defaults, say
     sample = space.define_by_run()
@@ -75,18 +87,29 @@ def _space(tmp_path, text: str):
     return path
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("parameters:\n  max_num_seq: {type: int, low: 1, high: 4}\n",
-     "parameters.max_num_seq: unknown parameter (did you mean 'max_num_seqs'?)"),
-    ("parameters:\n  max_num_seqs: {type: int, low: 8, high: 4}\n",
-     "parameters.max_num_seqs: `low <= high` must hold, but got low=8 and high=4"),
-    ("parameters:\n  num_replicas: {type: categorical, choices: []}\n", "parameters.num_replicas.choices"),
-    ("parameters:\n  max_num_seqs: {type: int, low: 64, high: 128}\n  max_num_batched_tokens: "
-     "{type: int, low: 8, high: 32}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n",
-     "can never hold"),
-    ("parameters:\n  max_num_seqs: {type: int, low: 1, high: 4}\nconstraints: [max_num_seqs > 2]\n",
-     "expected 'PARAM >= PARAM|NUMBER'"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "parameters:\n  max_num_seq: {type: int, low: 1, high: 4}\n",
+            "parameters.max_num_seq: unknown parameter (did you mean 'max_num_seqs'?)",
+        ),
+        (
+            "parameters:\n  max_num_seqs: {type: int, low: 8, high: 4}\n",
+            "parameters.max_num_seqs: `low <= high` must hold, but got low=8 and high=4",
+        ),
+        ("parameters:\n  num_replicas: {type: categorical, choices: []}\n", "parameters.num_replicas.choices"),
+        (
+            "parameters:\n  max_num_seqs: {type: int, low: 64, high: 128}\n  max_num_batched_tokens: "
+            "{type: int, low: 8, high: 32}\nconstraints: [max_num_batched_tokens >= max_num_seqs]\n",
+            "can never hold",
+        ),
+        (
+            "parameters:\n  max_num_seqs: {type: int, low: 1, high: 4}\nconstraints: [max_num_seqs > 2]\n",
+            "expected 'PARAM >= PARAM|NUMBER'",
+        ),
+    ],
+)
 def test_bad_spaces_fail_with_one_line_naming_file_and_field(tmp_path, text, expected):
     path = _space(tmp_path, text)
     with pytest.raises(ConfigError) as error:
@@ -107,19 +130,30 @@ def test_default_config_loads_and_overrides_apply():
     assert config.name == "tiny-default"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("ladder: {factors: [1.0, 2.0], reference_factor: 1.0}\n",
-     "ladder: the fixed load ladder was replaced by a capacity search per trial; write a `capacity:` section"),
-    ("faults: [{kind: kill, step: 2}]\n", "faults.0.step: faults are keyed to a load now"),
-    ("capacity: {start_factor: 0.3}\n", "start_factor must be 1 or growth^-k so that the climb measures the "
-                                          "reference load (1x), but got 0.3 with growth 2.0 (try 0.25)"),
-    ("capacity: {min_factor: 2}\n", "`min_factor <= start_factor <= max_factor` must hold"),
-    ("capacity: {measured_requests: 50}\n", "capacity.measured_requests: 50 requests per step leave fewer than "
-                                              "tail_requests=10 above the SLO's highest percentile (that needs 200)"),
-    ("budget: {num_sample: 3}\n", "budget.num_sample: unknown field"),
-    ("slo: 'ttft:p95<5x'\n", "slo"),
-    ("- just a list\n", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "ladder: {factors: [1.0, 2.0], reference_factor: 1.0}\n",
+            "ladder: the fixed load ladder was replaced by a capacity search per trial; write a `capacity:` section",
+        ),
+        ("faults: [{kind: kill, step: 2}]\n", "faults.0.step: faults are keyed to a load now"),
+        (
+            "capacity: {start_factor: 0.3}\n",
+            "start_factor must be 1 or growth^-k so that the climb measures the "
+            "reference load (1x), but got 0.3 with growth 2.0 (try 0.25)",
+        ),
+        ("capacity: {min_factor: 2}\n", "`min_factor <= start_factor <= max_factor` must hold"),
+        (
+            "capacity: {measured_requests: 50}\n",
+            "capacity.measured_requests: 50 requests per step leave fewer than "
+            "tail_requests=10 above the SLO's highest percentile (that needs 200)",
+        ),
+        ("budget: {num_sample: 3}\n", "budget.num_sample: unknown field"),
+        ("slo: 'ttft:p95<5x'\n", "slo"),
+        ("- just a list\n", "expected a mapping"),
+    ],
+)
 def test_bad_configs_fail_with_one_line(tmp_path, text, expected):
     path = tmp_path / "search.yaml"
     path.write_text(text)
@@ -166,8 +200,16 @@ def test_asha_compares_a_trial_that_left_the_climb_by_its_last_climb_value():
 
     from tuner.search import RecordingASHA
 
-    asha = RecordingASHA(time_attr="load_step", metric="slo_headroom", mode="max", max_t=12, grace_period=2,
-                         reduction_factor=2, stop_last_trials=False, growth=2.0)
+    asha = RecordingASHA(
+        time_attr="load_step",
+        metric="slo_headroom",
+        mode="max",
+        max_t=12,
+        grace_period=2,
+        reduction_factor=2,
+        stop_last_trials=False,
+        growth=2.0,
+    )
     trials = {name: SimpleNamespace(trial_id=name, status="RUNNING") for name in "abc"}
     for trial in trials.values():
         asha.on_trial_add(None, trial)
@@ -190,8 +232,16 @@ def test_a_trial_that_failed_later_ranks_above_one_that_failed_earlier_at_a_late
 
     from tuner.search import RecordingASHA
 
-    asha = RecordingASHA(time_attr="load_step", metric="slo_headroom", mode="max", max_t=12, grace_period=1,
-                         reduction_factor=2, stop_last_trials=False, growth=2.0)
+    asha = RecordingASHA(
+        time_attr="load_step",
+        metric="slo_headroom",
+        mode="max",
+        max_t=12,
+        grace_period=1,
+        reduction_factor=2,
+        stop_last_trials=False,
+        growth=2.0,
+    )
     early = SimpleNamespace(trial_id="early", status="RUNNING")
     late = SimpleNamespace(trial_id="late", status="RUNNING")
     for trial in (early, late):

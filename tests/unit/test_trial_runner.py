@@ -16,8 +16,9 @@ from tuner.errors import EngineError
 from tuner.sampling import sample_step
 from tuner.workload.records import Request, Workload
 
-WORKLOAD = Workload(tuple(Request(arrival_s=i * 0.1, prompt_tokens=32, output_tokens=8) for i in range(20)),
-                    {"source": "test"})
+WORKLOAD = Workload(
+    tuple(Request(arrival_s=i * 0.1, prompt_tokens=32, output_tokens=8) for i in range(20)), {"source": "test"}
+)
 SAMPLE = sample_step(WORKLOAD, measured=20, warmup=2, windows=2, seed=0)
 
 
@@ -26,10 +27,16 @@ PLAN_1S = CapacityPlan(start_factor=1.0, growth=1.5, max_factor=1.5, min_factor=
 
 
 def _context(**overrides) -> TrialContext:
-    values = dict(model="/nonexistent", sample=SAMPLE, reference_rps=10.0,
-                  plan=CapacityPlan(start_factor=0.5, growth=4.0, max_factor=32.0, min_factor=0.5, resolution=0.5),
-                  slo="ttft:p95<200ms; tpot:p95<20ms", deadline_s=1.0, penalty_latency_s=30.0,
-                  sustain_horizon_s=None)
+    values = dict(
+        model="/nonexistent",
+        sample=SAMPLE,
+        reference_rps=10.0,
+        plan=CapacityPlan(start_factor=0.5, growth=4.0, max_factor=32.0, min_factor=0.5, resolution=0.5),
+        slo="ttft:p95<200ms; tpot:p95<20ms",
+        deadline_s=1.0,
+        penalty_latency_s=30.0,
+        sustain_horizon_s=None,
+    )
     values.update(overrides)
     return TrialContext(**values)
 
@@ -94,8 +101,7 @@ def test_the_reference_step_gives_the_reference_latencies_carried_forward():
 def test_a_config_that_passes_the_maximum_is_censored_and_says_so():
     engines = [StandInEngine(tokens_per_s=1e6, max_batch=1000, prefill_tokens_per_s=1e9)]
     plan = CapacityPlan(start_factor=1.0, growth=2.0, max_factor=4.0, min_factor=1.0)
-    results = _run_all(TrialRunner(_context(plan=plan, slo="ttft:p95<2s", reference_rps=40.0), {},
-                                   _factory(engines)))
+    results = _run_all(TrialRunner(_context(plan=plan, slo="ttft:p95<2s", reference_rps=40.0), {}, _factory(engines)))
     assert [r["load_factor"] for r in results] == [1.0, 2.0, 4.0]
     assert results[-1]["capacity_censored"] == 1.0 and "capacity_hi_rps_per_accel" not in results[-1]
     assert results[-1]["status_reason"].startswith("capacity >= ")
@@ -110,13 +116,17 @@ def test_the_bracket_contains_a_noisy_jump(seed):
     rng = np.random.default_rng(seed)
     jump = float(rng.uniform(130, 600))
     noise = 0.03
-    engines = [JumpEngine(jump, noise_cv=noise, seed=seed, tokens_per_s=1e6, max_batch=1000,
-                          prefill_tokens_per_s=1e9)]
-    workload = Workload(tuple(Request(arrival_s=i * 0.01, prompt_tokens=8, output_tokens=2) for i in range(50)),
-                        {"source": "even"})
-    context = _context(sample=sample_step(workload, measured=40, warmup=10, windows=1, seed=seed),
-                       reference_rps=100.0, slo="ttft:p95<300ms", deadline_s=2.0,
-                       plan=CapacityPlan(start_factor=1.0, growth=2.0, max_factor=16.0, resolution=0.1))
+    engines = [JumpEngine(jump, noise_cv=noise, seed=seed, tokens_per_s=1e6, max_batch=1000, prefill_tokens_per_s=1e9)]
+    workload = Workload(
+        tuple(Request(arrival_s=i * 0.01, prompt_tokens=8, output_tokens=2) for i in range(50)), {"source": "even"}
+    )
+    context = _context(
+        sample=sample_step(workload, measured=40, warmup=10, windows=1, seed=seed),
+        reference_rps=100.0,
+        slo="ttft:p95<300ms",
+        deadline_s=2.0,
+        plan=CapacityPlan(start_factor=1.0, growth=2.0, max_factor=16.0, resolution=0.1),
+    )
     final = _run_all(TrialRunner(context, {}, _factory(engines)))[-1]
     low, high = final["capacity_rps_per_accel"], final.get("capacity_hi_rps_per_accel", np.inf)
     assert low * np.exp(-2 * noise) <= jump <= high * np.exp(2 * noise), (low, jump, high)
@@ -148,8 +158,9 @@ def test_an_engine_that_will_not_start_is_an_infeasible_trial_with_finite_penalt
 
 
 def test_engine_spec_maps_memory_fraction_onto_kv_bytes_on_cpu():
-    spec, replicas, tp = engine_spec(_context(kv_budget_bytes=64 << 20),
-                                     {"gpu_memory_utilization": 0.5, "max_num_seqs": 8, "num_replicas": 2})
+    spec, replicas, tp = engine_spec(
+        _context(kv_budget_bytes=64 << 20), {"gpu_memory_utilization": 0.5, "max_num_seqs": 8, "num_replicas": 2}
+    )
     assert replicas == 2 and tp == 1
     assert "gpu_memory_utilization" not in spec.engine_args
     assert spec.engine_args["kv_cache_memory_bytes"] == 32 << 20 == kv_cache_bytes(0.5, 64 << 20)
@@ -169,9 +180,9 @@ def test_a_trial_over_its_time_limit_is_infeasible_and_still_cleaned_up():
     assert engines[0].shut_down
 
 
-
-def _healing_factory(engines, *, kill_at_s: float | None = None, victim: int = 1,
-                     policy: HealthPolicy = HealthPolicy(0.05, 0.2, 2)):
+def _healing_factory(
+    engines, *, kill_at_s: float | None = None, victim: int = 1, policy: HealthPolicy = HealthPolicy(0.05, 0.2, 2)
+):
     """Pools with heartbeats and replacement; with `kill_at_s`, replica `victim` dies on its own then."""
 
     async def make(spec, replicas, health):
@@ -181,6 +192,7 @@ def _healing_factory(engines, *, kill_at_s: float | None = None, victim: int = 1
         pool = EnginePool(engines[:replicas], health=policy, replace=replace)
         pool.start_monitor()
         if kill_at_s is not None:
+
             async def die():
                 await asyncio.sleep(kill_at_s)
                 engines[victim].killed = True  # nothing the search did: no inject_fault
@@ -205,8 +217,7 @@ def test_a_replica_that_crashes_on_its_own_makes_the_trial_infeasible_with_the_r
 
 def test_an_injected_kill_does_not_make_the_trial_infeasible():
     engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
-    context = _context(slo="e2e:p99<5s", plan=PLAN_1S,
-                       faults=(Fault("kill", at_load=1.5, at_fraction=0.3, replica=1),))
+    context = _context(slo="e2e:p99<5s", plan=PLAN_1S, faults=(Fault("kill", at_load=1.5, at_fraction=0.3, replica=1),))
     results = _run_all(TrialRunner(context, {"max_num_seqs": 8, "num_replicas": 2}, _healing_factory(engines)))
     assert results[-1]["trial_status"] == "completed", results[-1]["status_reason"]
     assert results[1]["replica_failures"] == 1.0 and results[1]["false_alarms"] == 0.0
@@ -216,8 +227,9 @@ def test_a_crash_the_monitor_has_not_declared_yet_still_ends_the_trial():
     # Threshold far beyond the step: only the failed requests show the death when the step ends.
     engines = [StandInEngine(tokens_per_s=5000, max_batch=32), StandInEngine(tokens_per_s=5000, max_batch=32)]
     make = _healing_factory(engines, kill_at_s=1.5, policy=HealthPolicy(0.05, 0.2, 10_000))
-    results = _run_all(TrialRunner(_context(slo="e2e:p99<5s", plan=PLAN_1S), {"max_num_seqs": 8, "num_replicas": 2},
-                                   make))
+    results = _run_all(
+        TrialRunner(_context(slo="e2e:p99<5s", plan=PLAN_1S), {"max_num_seqs": 8, "num_replicas": 2}, make)
+    )
     assert results[-1]["trial_status"] == "infeasible" and results[-1]["replica_failures"] == 0.0
     assert results[-1]["status_reason"].startswith("replica 1 crashed during step 2"), results[-1]["status_reason"]
 
@@ -225,8 +237,10 @@ def test_a_crash_the_monitor_has_not_declared_yet_still_ends_the_trial():
 def test_the_trials_server_runs_the_options_a_deployment_runs_on_loopback():
     from trainables.vllm_engine import server_command
 
-    spec, _, _ = engine_spec(_context(serving="openai-server"),
-                             {"max_num_seqs": 8, "enable_prefix_caching": False, "gpu_memory_utilization": 0.5})
+    spec, _, _ = engine_spec(
+        _context(serving="openai-server"),
+        {"max_num_seqs": 8, "enable_prefix_caching": False, "gpu_memory_utilization": 0.5},
+    )
     assert spec.serving == "openai-server"
     argv = server_command(spec.engine_args, 8123)
     joined = " ".join(argv)

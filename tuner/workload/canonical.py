@@ -91,9 +91,7 @@ def read_canonical(source: SourceText, options: ReadOptions) -> Parsed:
 
 
 def _prefix_ids(source: SourceText, line: int, raw: object) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(
-        isinstance(item, int) and not isinstance(item, bool) for item in raw
-    ):
+    if not isinstance(raw, list) or not all(isinstance(item, int) and not isinstance(item, bool) for item in raw):
         raise source.error(line, "prefix_ids is not a list of integers")
     return tuple(raw)
 

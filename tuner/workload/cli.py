@@ -146,11 +146,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         (
             "prefix sharing",
             _number(summary["prefix_sharing_ratio"])
-            + (
-                ""
-                if summary["prefix_sharing_ratio"] is None
-                else " of prefix blocks repeat an earlier prefix"
-            ),
+            + ("" if summary["prefix_sharing_ratio"] is None else " of prefix blocks repeat an earlier prefix"),
         ),
         (
             "dropped",

@@ -16,9 +16,7 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 BURSTGPT_SESSION = "Session ID"
 
-_WALL_CLOCK = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\s*(Z|[+-]\d{2}:?\d{2})?"
-)
+_WALL_CLOCK = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\s*(Z|[+-]\d{2}:?\d{2})?")
 _NS = 1_000_000_000
 
 
@@ -41,8 +39,7 @@ def _csv_rows(
     if missing:
         raise source.error(
             header_line,
-            f"missing column(s) {', '.join(map(repr, missing))}; the header has "
-            f"{', '.join(map(repr, header))}",
+            f"missing column(s) {', '.join(map(repr, missing))}; the header has {', '.join(map(repr, header))}",
         )
     wanted = {name: header.index(name) for name in (*required, *optional) if name in header}
     for number, line in source.lines():

@@ -97,8 +97,7 @@ def detect_format(source: SourceText, time_unit: str | None = None) -> tuple[str
         keys = ", ".join(map(repr, list(record)[:8]))
         raise source.error(
             number,
-            f"cannot detect the format from the first record's keys ({keys}); "
-            f"pass --format (known: {known_formats()})",
+            f"cannot detect the format from the first record's keys ({keys}); pass --format (known: {known_formats()})",
         )
     _, header = csv_header(source)
     if all(name in header for name in AZURE_COLUMNS):
@@ -107,8 +106,7 @@ def detect_format(source: SourceText, time_unit: str | None = None) -> tuple[str
         return "burstgpt", f"CSV header with {', '.join(BURSTGPT_COLUMNS)}"
     raise source.error(
         number,
-        f"cannot detect the format from this header or first record; pass --format "
-        f"(known: {known_formats()})",
+        f"cannot detect the format from this header or first record; pass --format (known: {known_formats()})",
     )
 
 
@@ -130,12 +128,9 @@ def _mooncake_or_timed_trace(record: dict[str, object], time_unit: str | None) -
             f"{shared}; hash_ids are {TIMED_TRACE_CHUNK_TOKENS}-token chunks, so timed_trace "
             "with seconds assumed (pass --time-unit ms if not)"
         )
-    blocks = (
-        "hash_ids are 512-token blocks and " if _ids_cover(hash_ids, prompt, MOONCAKE_BLOCK_TOKENS) else ""
-    )
+    blocks = "hash_ids are 512-token blocks and " if _ids_cover(hash_ids, prompt, MOONCAKE_BLOCK_TOKENS) else ""
     return "mooncake", (
-        f"{shared}; {blocks}integer timestamps, so mooncake with milliseconds assumed "
-        "(pass --time-unit s if not)"
+        f"{shared}; {blocks}integer timestamps, so mooncake with milliseconds assumed (pass --time-unit s if not)"
     )
 
 
@@ -182,9 +177,7 @@ def load_workload(
     trace_format = get_format(name)
     if time_unit is not None and not trace_format.takes_time_unit:
         raise ConfigError(f"--time-unit applies to mooncake and timed_trace only, not to {trace_format.name}")
-    options = ReadOptions(
-        time_unit=time_unit, tokenizer=tokenizer, sharegpt_rate_rps=sharegpt_rate_rps, seed=seed
-    )
+    options = ReadOptions(time_unit=time_unit, tokenizer=tokenizer, sharegpt_rate_rps=sharegpt_rate_rps, seed=seed)
     parsed = trace_format.read(source, options)
     provenance = {
         "source": source.path,

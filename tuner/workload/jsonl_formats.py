@@ -48,9 +48,7 @@ def json_objects(source: SourceText) -> Iterator[tuple[int, dict[str, Any]]]:
 def hash_ids_of(source: SourceText, line: int, record: dict[str, Any]) -> tuple[int, ...]:
     """Return `hash_ids` as a tuple (empty if absent); raise WorkloadError unless a list of ints."""
     raw = record.get("hash_ids", [])
-    if not isinstance(raw, list) or not all(
-        isinstance(item, int) and not isinstance(item, bool) for item in raw
-    ):
+    if not isinstance(raw, list) or not all(isinstance(item, int) and not isinstance(item, bool) for item in raw):
         raise source.error(line, "hash_ids is not a list of integers")
     return tuple(raw)
 

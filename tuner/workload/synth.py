@@ -95,16 +95,13 @@ def synthesize(
     if not reference.requests:
         raise ConfigError("the reference workload has no requests to fit lengths from")
     rng = np.random.default_rng(seed)
-    times = arrival_times(
-        rng, rate_rps=rate_rps, arrivals=arrivals, cv=cv, count=count, duration_s=duration_s
-    )
+    times = arrival_times(rng, rate_rps=rate_rps, arrivals=arrivals, cv=cv, count=count, duration_s=duration_s)
     prompt_fit = fit_lognormal([r.prompt_tokens for r in reference.requests])
     output_fit = fit_lognormal([r.output_tokens for r in reference.requests])
     prompts = _lengths(rng, prompt_fit, len(times))
     outputs = _lengths(rng, output_fit, len(times))
     requests = tuple(
-        Request(arrival_s=t, prompt_tokens=p, output_tokens=o)
-        for t, p, o in zip(times, prompts, outputs, strict=True)
+        Request(arrival_s=t, prompt_tokens=p, output_tokens=o) for t, p, o in zip(times, prompts, outputs, strict=True)
     )
     parameters: dict[str, Any] = {
         "arrivals": arrivals,

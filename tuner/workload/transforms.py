@@ -227,9 +227,7 @@ class TransformSpec(BaseModel):
     def _consistent(self) -> TransformSpec:
         start = self.window_start_s or 0.0
         if self.window_end_s is not None and self.window_end_s <= start:
-            raise ValueError(
-                f"`window_start_s < window_end_s` must hold, but got {start} and {self.window_end_s}"
-            )
+            raise ValueError(f"`window_start_s < window_end_s` must hold, but got {start} and {self.window_end_s}")
         if self.time_scale is not None and self.target_rate_rps is not None:
             raise ValueError("give time_scale or target_rate_rps, not both")
         return self

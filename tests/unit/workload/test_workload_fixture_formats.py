@@ -98,9 +98,7 @@ def test_sharegpt_prompt_text_never_in_repr(fixtures: Path, tokenizer: Tokenizer
 
 def test_sharegpt_as_json_lines(tmp_path: Path, tokenizer: Tokenizer) -> None:
     path = tmp_path / "s.jsonl"
-    path.write_text(
-        '{"conversations": [{"from": "user", "value": "a b"}, {"from": "assistant", "value": "c"}]}\n'
-    )
+    path.write_text('{"conversations": [{"from": "user", "value": "a b"}, {"from": "assistant", "value": "c"}]}\n')
     workload = load_workload(path, tokenizer=tokenizer)
     assert workload.provenance["format"] == "sharegpt"
     assert [(r.prompt_tokens, r.output_tokens) for r in workload.requests] == [(2, 1)]
@@ -156,9 +154,7 @@ def test_canonical_round_trip(fixtures: Path, tokenizer: Tokenizer, tmp_path: Pa
     write_canonical(original, out)
     assert "summarise" not in out.read_text()  # text only when asked
     again = load_workload(out)
-    assert [
-        (r.arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_ids, r.session_id) for r in again.requests
-    ] == [
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_ids, r.session_id) for r in again.requests] == [
         (r.arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_ids, r.session_id) for r in original.requests
     ]
     write_canonical(original, out, include_prompt_text=True)

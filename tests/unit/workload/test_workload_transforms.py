@@ -26,9 +26,7 @@ from tuner.workload.transforms import (
 )
 
 
-def make(
-    arrivals: list[float], prompts: list[int] | None = None, outputs: list[int] | None = None
-) -> Workload:
+def make(arrivals: list[float], prompts: list[int] | None = None, outputs: list[int] | None = None) -> Workload:
     prompts = prompts or [100] * len(arrivals)
     outputs = outputs or [10] * len(arrivals)
     return Workload(
@@ -226,9 +224,7 @@ def test_apply_transforms_in_order() -> None:
 
 def test_apply_transforms_empty_result() -> None:
     workload = make([0.0, 1.0], prompts=[3000, 3000])
-    with pytest.raises(
-        WorkloadError, match=r"^test.jsonl: workload is empty after filtering \(fit_to_context"
-    ):
+    with pytest.raises(WorkloadError, match=r"^test.jsonl: workload is empty after filtering \(fit_to_context"):
         apply_transforms(workload, TransformSpec(max_model_len=100, overflow="drop"))
 
 
