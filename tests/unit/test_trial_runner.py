@@ -82,7 +82,9 @@ def test_a_trial_climbs_until_a_step_fails_then_refines_and_carries_reference_la
     assert final["status_reason"].startswith("capacity ") and "lowest failing step" in final["status_reason"]
     # Every step replays the same requests at its own rate, and says how many it counted.
     assert all(r["measured_requests"] == 20.0 for r in results)
-    assert all(abs(r["arrival_rps"] / r["offered_rps"] - 1) < 0.05 for r in results)
+    for r in results:  # the sends span the planned window, give or take a busy client's lag (20 ms)
+        planned, actual = r["measured_requests"] / r["offered_rps"], r["measured_requests"] / r["arrival_rps"]
+        assert abs(actual - planned) < 0.05 * planned + 0.02, (r["load_factor"], planned, actual)
     # Reference latency: penalty before the 1.0x step (not on this climb: 0.5x, 2x, ...), so penalty here.
     assert all(r["ref_ttft_p95_s"] == 30.0 for r in results)
     assert engines[0].prefix_resets == len(results), "each step starts from an empty prefix cache"
