@@ -34,37 +34,23 @@ def run_trial(
     on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """One trial of `params` on a fresh pool (Ray must be running): every step's result, timings, outcome."""
-    from trainables.pool import start_ray_pool
-    from trainables.trial import TrialRunner
+    from trainables.trial import TrialRunner, driver_pool_factory, run_capacity_search
 
-    async def factory(spec, replicas, health):
-        return await start_ray_pool(
-            spec,
-            replicas,
-            placement_group=None,
-            first_bundle=0,
-            start_timeout_s=context.start_timeout_s,
-            health=health,
-            replace=True,
-        )
-
-    runner = TrialRunner(context, params, factory, trial_id=trial_id)
+    runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=trial_id)
     began = time.perf_counter()
     steps: list[dict[str, Any]] = []
-    try:
-        runner.start()
-        while True:
-            result = runner.next_step()
-            result["t_end_s"] = round(time.perf_counter() - began, 3)
-            steps.append({k: v for k, v in result.items() if k != "done"})
-            if on_step is not None:
-                on_step(result)
-            if result["done"]:
-                break
-    finally:
-        closing = time.perf_counter()
-        runner.close()
-        teardown_s = time.perf_counter() - closing
+    closed_at: list[float] = []
+
+    def record(result: dict[str, Any]) -> None:
+        result["t_end_s"] = round(time.perf_counter() - began, 3)
+        steps.append({k: v for k, v in result.items() if k != "done"})
+        if on_step is not None:
+            on_step(result)
+        if result["done"]:
+            closed_at.append(time.perf_counter())
+
+    run_capacity_search(runner, record)
+    teardown_s = time.perf_counter() - (closed_at[-1] if closed_at else began)
     last = steps[-1]
     return {
         "params": params,

@@ -380,3 +380,47 @@ def _why(summary: StepSummary) -> str:
     if metrics.get("overloaded"):
         parts.append(f"TTFT grew {metrics.get('ttft_growth', 0):.2f} s/s (not sustainable)")
     return ", ".join(parts)
+
+
+def driver_pool_factory(context: TrialContext) -> PoolFactory:
+    """Pools of Ray actors started from this process, outside Ray Tune (the confirmation phase, the
+    benchmarks); Ray must be running."""
+    from trainables.pool import start_ray_pool
+
+    async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy) -> EnginePool:
+        return await start_ray_pool(
+            spec,
+            replicas,
+            placement_group=None,
+            first_bundle=0,
+            start_timeout_s=context.start_timeout_s,
+            health=health,
+            replace=True,
+        )
+
+    return factory
+
+
+def run_capacity_search(
+    runner: TrialRunner, on_step: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Start `runner`'s pool, run every step of its capacity search, always shut the pool down; returns
+    every step's result (the last one carries the trial's outcome)."""
+    results: list[dict[str, Any]] = []
+    try:
+        runner.start()
+        while True:
+            result = runner.next_step()
+            results.append(result)
+            if on_step is not None:
+                on_step(result)
+            if result["done"]:
+                return results
+    finally:
+        runner.close()
+
+
+def measure_on_ray(context: TrialContext, params: dict[str, Any], trial_id: str) -> dict[str, Any]:
+    """One capacity search of `params` on a fresh pool started from this process: its final result."""
+    runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=trial_id)
+    return run_capacity_search(runner)[-1]

@@ -59,6 +59,11 @@ def main(ctx: click.Context, debug: bool) -> None:
     "--resume", is_flag=True, help="Continue the latest unfinished search named --name (after the driver was killed)."
 )
 @click.option(
+    "--confirm/--no-confirm",
+    default=None,
+    help="Re-measure the finalists and the baseline after the search (default: as the config's confirm.rounds says).",
+)
+@click.option(
     "--dry-run", is_flag=True, help="Validate everything and check placement; start no engine and write nothing."
 )
 def search(
@@ -74,6 +79,7 @@ def search(
     workload,
     trial_timeout_s,
     resume,
+    confirm,
     dry_run,
 ) -> None:
     """Run a search (on the embedded defaults when no --config is given)."""
@@ -93,9 +99,12 @@ def search(
             "model.path": model,
             "workload.path": workload,
             "budget.trial_timeout_s": trial_timeout_s,
+            "confirm.rounds": 0 if confirm is False else None,
         },
         flags=FLAGS,
     )
+    if confirm and config.confirm.rounds == 0:  # --confirm over a config that turned it off: the default rounds
+        config = config.model_copy(update={"confirm": config.confirm.model_copy(update={"rounds": None})})
     outcome = run_search(config, progress=lambda line: print(line, flush=True), dry_run=dry_run, resume=resume)
     if outcome is not None:
         print_summary(outcome)
@@ -113,6 +122,7 @@ FLAGS = {
     "model.path": "--model",
     "workload.path": "--workload",
     "budget.trial_timeout_s": "--trial-timeout-s",
+    "confirm.rounds": "--no-confirm",
 }
 
 
@@ -156,8 +166,22 @@ def print_summary(outcome) -> None:
         )
         if best is not None and best is not base:
             line += f"; highest capacity: trial {best.trial_id}, {capacity_text(best.metrics, best.status)}"
-            line += " (one measurement each: see the README on repeatability)"
+            line += " (one measurement each)"
         console.print(line)
+    confirmation = outcome.confirmation
+    if confirmation is not None:
+        verdict = confirmation.verdict
+        for trial_id, measured in confirmation.measurements.items():
+            values = ", ".join(
+                (f">= {m.capacity:.3g}" if m.censored else f"{m.capacity:.3g}-{m.hi:.3g}" if m.hi else "0")
+                for m in measured
+            )
+            role = " (baseline)" if trial_id == verdict.baseline else ""
+            console.print(f"confirmed {trial_id}{role}: {values} rps/accel")
+        recommended = "the baseline" if verdict.winner == verdict.baseline else f"trial {verdict.winner}"
+        console.print(f"verdict ({confirmation.rounds_done} paired rounds): {verdict.text}; recommended: {recommended}")
+    else:
+        console.print("no confirmation phase: the trials above are one measurement each (see the README)")
     console.print(
         f"MLflow: {outcome.tracking_uri}  experiment {outcome.experiment!r}, "
         f"parent run {outcome.parent_run_id} (pareto.json, pareto.png)"

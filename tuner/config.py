@@ -124,6 +124,25 @@ class BudgetSection(_Strict):
     trial_timeout_s: float | None = Field(None, gt=0, description="a trial running longer is infeasible")
 
 
+class ConfirmSection(_Strict):
+    """After the search: re-measure the finalists and the baseline in interleaved rounds (tuner.confirm)."""
+
+    finalists: int = Field(1, ge=1, description="best configs under the SLO re-measured against the baseline")
+    rounds: int | None = Field(
+        None,
+        ge=0,
+        description="0 = off; null = enough to detect a 30% gain with 90% power at the measured repeatability",
+    )
+    resolution: float | None = Field(None, gt=0, description="bracket width of a re-measurement; null = capacity's")
+
+    @field_validator("rounds")
+    @classmethod
+    def _rounds(cls, value: int | None) -> int | None:
+        if value == 1:
+            raise ValueError("1 round gives no interval: use 0 (off) or at least 2")
+        return value
+
+
 class FaultSection(_Strict):
     kind: Literal["kill", "freeze"]
     at_load: float = Field(1.0, gt=0, description="strikes in the first step at or above this load factor")
@@ -167,6 +186,7 @@ class SearchConfig(_Strict):
     )
     asha: AshaSection = AshaSection()
     budget: BudgetSection = BudgetSection()
+    confirm: ConfirmSection = ConfirmSection()
     health: HealthSection = Field(HealthSection(), description="defaults when the space does not tune them")
     faults: list[FaultSection] = Field(default_factory=list)
     tracking: TrackingSection = TrackingSection()
@@ -208,6 +228,18 @@ class SearchConfig(_Strict):
                     f"{needed}); raise measured_requests or lower capacity.tail_requests"
                 )
         return self
+
+    def confirm_rounds(self) -> int:
+        """Confirmation rounds: as configured, or the fewest that detect a 30% gain with 90% power."""
+        if self.confirm.rounds is not None:
+            return self.confirm.rounds
+        from tuner.confirm import REPEATABILITY_CV
+        from tuner.verdict import rounds_for
+
+        return rounds_for(cv=REPEATABILITY_CV, resolution=self.confirm_resolution(), finalists=self.confirm.finalists)
+
+    def confirm_resolution(self) -> float:
+        return self.confirm.resolution or self.capacity.resolution
 
     def measured_requests(self) -> int:
         """Counted requests per step: as configured, or sized from the SLO's highest percentile."""

@@ -120,6 +120,7 @@ class SearchRecord:
     workload: Mapping[str, Any] = field(default_factory=dict)
     baseline: Mapping[str, Any] = field(default_factory=dict)
     status: str = "FINISHED"  # the parent run's: RUNNING while the search goes on
+    verdict: Mapping[str, Any] = field(default_factory=dict)  # verdict.json of the confirmation phase, if any
 
     @property
     def model(self) -> str:
@@ -297,6 +298,37 @@ def pick_trial(
     chosen: list[Objective] = list(objectives) or list(DEFAULT_OBJECTIVES)
     front = non_dominated(points, chosen)
     return candidates[knee_index(points, front, chosen)]
+
+
+def confirmed_winner(record: SearchRecord, trials: Sequence[TrialRow], *, pick: str, rejudged: bool) -> TrialRow | None:
+    """The trial the confirmation phase recommends, for `--pick max-capacity` under the recorded SLO.
+
+    The confirmation already applied its rules (tuner.verdict.decide): the baseline unless a finalist
+    beats it distinguishably, and among finalists tied with the best one, the tie rule. None when there
+    was no confirmation, another pick or SLO was asked for, or the recommended trial is not feasible.
+    """
+    if pick != "max-capacity" or rejudged or not record.verdict.get("winner"):
+        return None
+    winner = str(record.verdict["winner"])
+    return next((t for t in feasible_trials(trials) if t.trial_id == winner), None)
+
+
+def verdict_summary(record: SearchRecord, trial: TrialRow, *, rejudged: bool) -> dict[str, Any] | None:
+    """best.json's `verdict`: the confirmation's verdict as it bears on the exported trial (None without one)."""
+    verdict = record.verdict
+    if not verdict:
+        return None
+    keys = ("ratio", "ci_low", "ci_high", "confidence", "distinguishable", "rounds", "tied_with", "tie_rule")
+    summary = {k: verdict.get(k) for k in keys}
+    summary["winner"] = verdict.get("winner")
+    summary["baseline"] = verdict.get("baseline")
+    summary["text"] = verdict.get("text")
+    summary["applies"] = not rejudged and trial.trial_id == verdict.get("winner")
+    if rejudged:
+        summary["note"] = "the confirmation judged the recorded SLO; this export re-judged under another one"
+    elif trial.trial_id != verdict.get("winner"):
+        summary["note"] = f"the confirmation recommends trial {verdict.get('winner')}; this export picked another"
+    return summary
 
 
 def no_feasible_message(record: SearchRecord, slo: str) -> str:
@@ -639,6 +671,7 @@ def best_document(
         "params": dict(trial.params),
         "metrics": dict(trial.metrics),
         "capacity": capacity_summary(trial),
+        "verdict": verdict_summary(record, trial, rejudged=rejudged),
         "steps": steps,
         "deployment": {
             "engine_args": dict(deployment.engine_args),
@@ -700,7 +733,7 @@ def capacity_summary(trial: TrialRow) -> dict[str, Any]:
         "censored": censored,
         "inconsistent": bool(metrics.get("capacity_inconsistent")),
         "text": text,
-        "measurements": "one capacity search of this config (see the README on repeatability)",
+        "measurements": "the trial's own capacity search (the verdict, when present, rests on the confirmation rounds)",
     }
 
 
@@ -751,6 +784,8 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
             order_by=["attributes.start_time ASC"],
             max_results=5000,
         )
+        # Trials only: confirmation measurements repeat finalists and never enter the search's records.
+        runs = [r for r in runs if r.data.tags.get(RUN_KIND_TAG, RunKind.TRIAL.value) == RunKind.TRIAL.value]
         if runs:
             break
     else:
@@ -771,11 +806,12 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
         workload=documents.get("workload.json") or {},
         baseline=documents.get("baseline.json") or {},
         status=parent.info.status,
+        verdict=documents.get("verdict.json") or {},
     )
 
 
 def _documents(client: Any, run_id: str) -> dict[str, Any]:
-    names = ("search_config.yaml", "search_space.yaml", "workload.json", "baseline.json")
+    names = ("search_config.yaml", "search_space.yaml", "workload.json", "baseline.json", "verdict.json")
     out: dict[str, Any] = {}
     present = {a.path for a in client.list_artifacts(run_id)}
     with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
@@ -912,6 +948,9 @@ def export_search(
         trial = pick_trial(trials, pick, record.objectives)
     except ExportError:
         raise ExportError(no_feasible_message(record, used_slo)) from None
+    confirmed = confirmed_winner(record, trials, pick=pick, rejudged=rejudged)
+    if confirmed is not None:
+        trial = confirmed
     files = render_export(
         record,
         trial,
@@ -948,6 +987,13 @@ def render_export(
         f"Measured within SLO '{slo}': {capacity_summary(trial)['text']}; "
         f"TTFT p95 at the reference load {trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s.",
     ]
+    verdict = verdict_summary(record, trial, rejudged=rejudged)
+    if verdict is not None:
+        header.append(
+            f"Confirmed in {verdict.get('rounds')} paired rounds against the baseline: {verdict.get('text')}"
+            + (f" ({verdict['note']})" if verdict.get("note") else "")
+            + "."
+        )
     ray_version = (
         (versions.get("ray") or {}).get("version", "2.60.0") if isinstance(versions.get("ray"), Mapping) else "2.60.0"
     )

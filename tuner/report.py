@@ -23,6 +23,7 @@ from tuner.errors import TrackingError
 from tuner.export import (
     SearchRecord,
     TrialRow,
+    confirmed_winner,
     feasible_trials,
     load_search,
     pick_trial,
@@ -31,7 +32,8 @@ from tuner.pareto import non_dominated
 from tuner.slo import parse_slo
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
 
-MIN_IMPORTANCE_TRIALS = 3
+# fANOVA over fewer trials ranks noise: 8 trials with 6 tied capacities gave confident-looking bars.
+MIN_IMPORTANCE_TRIALS = 10
 _STATUS_STYLE = {TrialStatus.COMPLETED: ("circle", "#1f77b4"), TrialStatus.EARLY_STOPPED: ("triangle-up", "#ff7f0e")}
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
@@ -77,6 +79,9 @@ def summarize(record: SearchRecord) -> Summary:
     front_idx = non_dominated([dict(t.metrics) for t in feasible], objectives) if feasible else []
     front = tuple(sorted((feasible[i] for i in front_idx), key=lambda t: _metric(t, latency_metric)))
     winner = pick_trial(record.trials, "max-capacity", objectives) if feasible else None
+    confirmed = confirmed_winner(record, record.trials, pick="max-capacity", rejudged=False)
+    if confirmed is not None:  # the confirmation rounds decide, not the search's one measurement each
+        winner = confirmed
     statuses = [s.value for s in FINAL_STATUSES]
     statuses += sorted({t.status for t in record.trials} - set(statuses))  # e.g. running, mid-search
     counts = {s: sum(t.status == s for t in record.trials) for s in statuses}
@@ -91,17 +96,19 @@ def summarize(record: SearchRecord) -> Summary:
     )
 
 
-def param_importance(record: SearchRecord, target: str = "capacity_rps_per_accel") -> Importance:
+def param_importance(
+    record: SearchRecord, target: str = "capacity_rps_per_accel", *, minimum: int = MIN_IMPORTANCE_TRIALS
+) -> Importance:
     """fANOVA importances (Optuna; PED-ANOVA when scikit-learn is absent) of the searched parameters.
 
     The study is rebuilt from the completed and early-stopped trials, with distributions from the search
     space widened to cover every value tried (the baseline may lie outside the searched ranges).
     """
     usable = [t for t in record.trials if t.status in FEASIBLE_STATUSES and _finite(t.metrics.get(target))]
-    if len(usable) < MIN_IMPORTANCE_TRIALS:
+    if len(usable) < minimum:
         return Importance(
-            note=f"not computed: {len(usable)} completed or early-stopped trial(s), "
-            f"at least {MIN_IMPORTANCE_TRIALS} are needed"
+            note=f"not computed: {len(usable)} completed or early-stopped trial(s), at least {minimum} are needed "
+            "(over fewer, the ranking is mostly measurement noise)"
         )
     space = dict(record.space.get("parameters") or {}) if isinstance(record.space, Mapping) else {}
     tunable = [n for n, spec in space.items() if isinstance(spec, Mapping) and "type" in spec]
@@ -215,9 +222,11 @@ def pareto_figure(summary: Summary):
                 hoverinfo="skip",
             )
         )
+    _confirmation_trace(figure, summary, feasible, lat)
+    winner_label = "winner (confirmed)" if summary.record.verdict else "winner (max capacity)"
     for trial, label, symbol, color in (
         (summary.baseline, "baseline", "star", "#2ca02c"),
-        (summary.winner, "winner (max capacity)", "diamond", "#9467bd"),
+        (summary.winner, winner_label, "diamond", "#9467bd"),
     ):
         if trial is not None and trial in feasible and _finite(trial.metrics.get(lat)):
             figure.add_trace(
@@ -247,6 +256,41 @@ def pareto_figure(summary: Summary):
         legend={"orientation": "h", "y": -0.2},
     )
     return figure
+
+
+def _confirmation_trace(figure, summary: Summary, feasible: Sequence[TrialRow], lat: str) -> None:
+    """Each confirmation round's bracket of the re-measured configs, drawn at the trial's latency."""
+    import plotly.graph_objects as go
+
+    measured = summary.record.verdict.get("measurements") or {}
+    by_id = {t.trial_id: t for t in feasible}
+    xs, ys, plus, minus, texts = [], [], [], [], []
+    for trial_id, rounds in measured.items():
+        trial = by_id.get(trial_id)
+        if trial is None or not _finite(trial.metrics.get(lat)):
+            continue
+        for m in rounds:
+            lo, hi = float(m.get("capacity_rps_per_accel") or 0.0), m.get("hi_rps_per_accel")
+            mid = math.sqrt(lo * hi) if lo > 0 and hi else lo
+            xs.append(trial.metrics[lat])
+            ys.append(mid)
+            plus.append((hi - mid) if hi else 0.0)
+            minus.append(mid - lo)
+            bracket = f"{lo:.3g}-{hi:.3g}" if hi else f">= {lo:.3g}"
+            texts.append(f"trial {trial_id}, confirmation round {m.get('round')}: {bracket} rps/accel")
+    if xs:
+        figure.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="markers",
+                name="confirmation rounds (bracket each)",
+                marker={"symbol": "line-ew", "size": 14, "line": {"width": 2, "color": "#17becf"}},
+                error_y={"type": "data", "symmetric": False, "array": plus, "arrayminus": minus, "color": "#17becf"},
+                text=texts,
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
 
 
 def curves_figure(record: SearchRecord):
@@ -528,6 +572,20 @@ def gain_lines(summary: Summary) -> list[str]:
     if winner is None:
         return ["No trial passed a load step under the SLO: there is no winner to compare."]
     lines = []
+    verdict = summary.record.verdict
+    if verdict:
+        recommended = (
+            "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
+        )
+        lines.append(
+            f"Confirmed in {verdict.get('rounds')} paired rounds against the baseline (each a fresh pool, order "
+            f"rotated): {verdict.get('text')}. Recommended: {recommended}."
+        )
+    else:
+        lines.append(
+            "No confirmation phase ran: every figure below is one measurement, and the winner is the highest of "
+            "noisy values (see the README on repeatability)."
+        )
     if baseline is None:
         lines.append("The baseline trial is not in the record.")
     elif baseline.trial_id == winner.trial_id:
@@ -548,8 +606,8 @@ def gain_lines(summary: Summary) -> list[str]:
         else:
             lines.append(
                 f"The winner (trial {winner.trial_id}) sustains {capacity_phrase(winner)}, the baseline "
-                f"{capacity_phrase(baseline)}: {at_least}x{gain:.2f} ({(gain - 1) * 100:+.0f}%), from one "
-                "capacity search each (runs on one machine vary: see the README on repeatability)."
+                f"{capacity_phrase(baseline)}: {at_least}x{gain:.2f} ({(gain - 1) * 100:+.0f}%) in the search, "
+                "one capacity search each (selection-biased: the winner was picked for being high)."
             )
         for metric, label in (
             ("ref_ttft_p95_s", "TTFT p95"),
@@ -558,7 +616,10 @@ def gain_lines(summary: Summary) -> list[str]:
         ):
             a, b = winner.metrics.get(metric), baseline.metrics.get(metric)
             if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) and b:
-                lines.append(f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%).")
+                lines.append(
+                    f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%; "
+                    "one step each, no interval)."
+                )
     if winner.metrics.get("capacity_censored"):
         lines.append("The winner's capacity is a lower bound: no step it ran failed.")
     return lines

@@ -96,7 +96,8 @@ def report(experiments: tuple[str, ...], tracking_uri: str | None, out_dir: str 
     type=click.Choice(PICKS),
     default="max-capacity",
     show_default=True,
-    help="Which feasible trial: highest capacity, lowest latency at the reference load, or the knee.",
+    help="Which feasible trial: highest capacity (the confirmation's recommendation when there was one), "
+    "lowest latency at the reference load, or the knee.",
 )
 @click.option("--model-uri", default=None, help="Production model id to deploy in place of the tuned local path.")
 @click.option("--target-accelerator", default=None, help="Ray accelerator type for Ray Serve, e.g. H100, L4.")
@@ -132,5 +133,15 @@ def export(
         f"within SLO '{result.slo}'{rejudged}; TTFT p95 at the reference load "
         f"{trial.metrics.get('ref_ttft_p95_s', float('nan')):.3g} s"
     )
+    verdict = result.record.verdict
+    if verdict:
+        recommended = (
+            "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
+        )
+        click.echo(
+            f"confirmed in {verdict.get('rounds')} paired rounds: {verdict.get('text')}; recommended: {recommended}"
+        )
+    else:
+        click.echo("no confirmation phase: the capacity above is one measurement (see the README)")
     for path in result.files.values():
         click.echo(f"wrote {path}")

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from tuner import __version__
 from tuner.capacity import Phase
 from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
+from tuner.confirm import ConfirmCost, ConfirmOutcome, run_confirmation
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
 from tuner.sampling import StepSample, sample_step
@@ -76,6 +78,7 @@ class SearchOutcome:
     wall_s: float
     baseline: TrialOutcome | None = None
     notes: list[str] = field(default_factory=list)
+    confirmation: ConfirmOutcome | None = None
 
 
 def prepare(
@@ -143,7 +146,7 @@ def prepare(
         max_rate_rps=capacity.max_factor * reference_rps * accelerators,
     )
     _check_step_length(config, sample, reference_rps)
-    return PreparedSearch(
+    prepared = PreparedSearch(
         config=config,
         space=space,
         workload=workload,
@@ -155,6 +158,23 @@ def prepare(
         on_cpu=on_cpu,
         sample=sample,
     )
+    _check_budget(prepared)
+    return prepared
+
+
+def _check_budget(prepared: PreparedSearch) -> None:
+    """A time budget must leave the trials time after the confirmation phase's estimate."""
+    config = prepared.config
+    if not config.budget.time_budget_s or not config.confirm_rounds():
+        return
+    left = search_budget_s(prepared)
+    if left < trial_cost(prepared).typical_s:
+        cost = confirm_cost(prepared)
+        raise ConfigError(
+            f"budget.time_budget_s: {config.budget.time_budget_s:g}s leaves {max(left, 0):.0f}s for the search after "
+            f"the confirmation's estimated {cost.total_s:.0f}s ({cost.measurements} measurements), less than one "
+            f"trial ({trial_cost(prepared).typical_s:.0f}s); raise it, lower confirm.rounds, or pass --no-confirm"
+        )
 
 
 def _check_step_length(config: SearchConfig, sample: StepSample, reference_rps: float) -> None:
@@ -361,7 +381,47 @@ def dry_run_summary(prepared: PreparedSearch) -> list[str]:
             if config.budget.time_budget_s
             else ""
         ),
+        confirm_line(prepared),
     ]
+
+
+def confirm_line(prepared: PreparedSearch) -> str:
+    """What the confirmation phase will do and cost, and how the time budget is split."""
+    config = prepared.config
+    rounds = config.confirm_rounds()
+    if rounds == 0:
+        return "confirmation: off (confirm.rounds 0 or --no-confirm): the verdict rests on one measurement per config"
+    cost = confirm_cost(prepared)
+    line = (
+        f"confirmation: the best {config.confirm.finalists} config(s) and the baseline re-measured in {rounds} "
+        f"interleaved rounds ({cost.measurements} capacity searches warm-started from each config's bracket, "
+        f"about {cost.measurement_s:.0f}s each, {cost.total_s / 60:.1f} min)"
+    )
+    if config.budget.time_budget_s:
+        line += (
+            f"; of the {config.budget.time_budget_s / 60:.1f} min budget, the search gets "
+            f"{search_budget_s(prepared) / 60:.1f} min and the confirmation the rest"
+        )
+    return line
+
+
+def confirm_cost(prepared: PreparedSearch) -> ConfirmCost:
+    """Engine time of the confirmation phase: each measurement is a warm-started capacity search of about
+    two and a half steps (a pass at the trial's capacity, a failure at its bracket's top, sometimes a
+    refinement) at the typical trial's load."""
+    config = prepared.config
+    cost = trial_cost(prepared)
+    measurement = _START_S + _TEARDOWN_S + 2.5 * _step_s(prepared, cost.typical_factor * 1.5)
+    count = (config.confirm.finalists + 1) * config.confirm_rounds()
+    return ConfirmCost(measurement, measurement * count, count)
+
+
+def search_budget_s(prepared: PreparedSearch) -> float:
+    """The part of `budget.time_budget_s` left to the trials once the confirmation's estimate is set aside."""
+    config = prepared.config
+    assert config.budget.time_budget_s is not None
+    reserve = confirm_cost(prepared).total_s if config.confirm_rounds() else 0.0
+    return config.budget.time_budget_s - reserve
 
 
 @dataclass(frozen=True)
@@ -381,11 +441,9 @@ def trial_cost(prepared: PreparedSearch) -> TrialCost:
     """Engine time of a trial whose capacity lies near the third climb load (typical), and of one that
     climbs to the maximum and refines at the top (worst)."""
     plan = prepared.config.capacity.plan()
-    sample = prepared.sample
 
     def step_s(factor: float) -> float:
-        rate = factor * prepared.reference_rps
-        return (len(sample.warmup) + sample.measured_at(rate)) / rate + _DRAIN_S
+        return _step_s(prepared, factor)
 
     climb = plan.climb_factors()
     refine = max(0, plan.worst_case_steps() - len(climb) - 1)
@@ -393,6 +451,13 @@ def trial_cost(prepared: PreparedSearch) -> TrialCost:
     typical = sum(step_s(f) for f in climb[: min(3, len(climb)) + 1]) + refine * step_s(typical_factor)
     worst = sum(step_s(f) for f in climb) + refine * step_s(climb[-1]) + prepared.config.capacity.deadline_s
     return TrialCost(_START_S + _TEARDOWN_S + typical, typical_factor, _START_S + _TEARDOWN_S + worst)
+
+
+def _step_s(prepared: PreparedSearch, factor: float) -> float:
+    """Seconds one step at `factor` x the reference load takes: its requests, then draining."""
+    sample = prepared.sample
+    rate = factor * prepared.reference_rps
+    return (len(sample.warmup) + sample.measured_at(rate)) / rate + _DRAIN_S
 
 
 def _resources_line() -> str:
@@ -502,7 +567,7 @@ def _run(
             resumed_path, trainable=trainable, resume_unfinished=False, resume_errored=False, restart_errored=False
         )
     else:
-        tuner = _new_tuner(prepared, trainable, tracker, tune_path)
+        tuner = _new_tuner(prepared, trainable, tracker, tune_path, started)
     plan = config.capacity.plan()
     progress(
         f"search {config.name!r}: {config.budget.num_samples} trials, space {config.space}, "
@@ -513,15 +578,74 @@ def _run(
         f"MLflow {prepared.tracking_uri}"
     )
     status = "FINISHED"
+    confirmation = None
     try:
         tuner.fit()
+        tracker.close_open_runs("the search ended before this trial finished")
+        confirmation = _confirm(prepared, context, tracker, client, parent, started, progress)
     except BaseException:
         status = "KILLED"
         raise
     finally:
         tracker.close_open_runs("the search ended before this trial finished")
-        outcome = _finish(client, prepared, tracker, parent, started, status)
+        outcome = _finish(client, prepared, tracker, parent, started, status, confirmation)
     return outcome
+
+
+def _confirm(
+    prepared: PreparedSearch,
+    context: TrialContext,
+    tracker: TrialTracker,
+    client,
+    parent: str,
+    started: float,
+    progress: Callable[[str], None],
+) -> ConfirmOutcome | None:
+    """The confirmation phase (tuner.confirm) after the trials, within what is left of the time budget."""
+    from trainables.trial import measure_on_ray
+
+    config = prepared.config
+    rounds = config.confirm_rounds()
+    if rounds == 0:
+        return None
+    trials = list(tracker.outcomes.values())
+    baseline = _baseline_outcome(prepared, trials)
+    if baseline is None:
+        progress("confirmation skipped: the baseline was not measured in this search")
+        return None
+    budget = config.budget.time_budget_s
+    progress(
+        f"confirming: the best {config.confirm.finalists} config(s) and the baseline {baseline.trial_id}, "
+        f"{rounds} interleaved rounds, each a capacity search warm-started from the config's bracket"
+    )
+    confirmation = run_confirmation(
+        context=context,
+        trials=trials,
+        baseline=baseline,
+        count=config.confirm.finalists,
+        rounds=rounds,
+        resolution=config.confirm_resolution(),
+        measure=measure_on_ray,
+        client=client,
+        experiment=config.name,
+        parent_run_id=parent,
+        deadline=started + budget if budget else None,
+        measurement_s=confirm_cost(prepared).measurement_s,
+        progress=tracker.say,
+    )
+    tracker.say(f"verdict: {confirmation.verdict.text}")
+    return confirmation
+
+
+def _baseline_outcome(prepared: PreparedSearch, trials: list[TrialOutcome]) -> TrialOutcome | None:
+    return next(
+        (
+            t
+            for t in trials
+            if prepared.baseline and all(str(t.params.get(k)) == str(v) for k, v in prepared.baseline.items())
+        ),
+        None,
+    )
 
 
 def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, tune_path: str) -> str:
@@ -559,11 +683,13 @@ def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, 
     )
 
 
-def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_path):
+def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_path, started: float):
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
     config = prepared.config
+    # Optuna's GP sampler takes about a second to propose a config on 2 cores: not a problem to warn about.
+    warnings.filterwarnings("ignore", message="Define-by-run function passed in the `space` argument took")
     scheduler = RecordingASHA(
         time_attr="load_step",
         metric=config.asha.metric,
@@ -587,7 +713,12 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=config.budget.num_samples,
-            time_budget_s=config.budget.time_budget_s,
+            # The trials get what the budget leaves after the confirmation's estimate and the start-up so far.
+            time_budget_s=(
+                max(1.0, search_budget_s(prepared) - (time.monotonic() - started))
+                if config.budget.time_budget_s
+                else None
+            ),
             max_concurrent_trials=config.budget.max_concurrent_trials,
             reuse_actors=False,
         ),
@@ -722,7 +853,13 @@ def find_resumable(client, experiment: str) -> tuple[str, str]:
 
 
 def _finish(
-    client, prepared: PreparedSearch, tracker: TrialTracker, parent: str, started: float, status: str
+    client,
+    prepared: PreparedSearch,
+    tracker: TrialTracker,
+    parent: str,
+    started: float,
+    status: str,
+    confirmation: ConfirmOutcome | None = None,
 ) -> SearchOutcome:
     config = prepared.config
     objectives = [(o.metric, o.mode) for o in config.objectives]
@@ -745,19 +882,15 @@ def _finish(
         client.log_figure(parent, pareto_figure(trials, front, objectives, config.slo), "pareto.png")
     except Exception as error:  # a plot must never cost the search its records
         client.set_tag(parent, "pareto_plot_error", str(error)[:500])
-    baseline = next(
-        (
-            t
-            for t in trials
-            if prepared.baseline and all(str(t.params.get(k)) == str(v) for k, v in prepared.baseline.items())
-        ),
-        None,
-    )
+    baseline = _baseline_outcome(prepared, trials)
     if baseline is not None:
         client.set_tag(parent, "baseline_trial_id", baseline.trial_id)
     counts = {s: sum(t.status == s for t in trials) for s in FINAL_STATUSES}
     for key, value in counts.items():
         client.log_metric(parent, f"trials_{key.value}", float(value))
+    if confirmation is not None:
+        client.log_dict(parent, confirmation_document(confirmation), "verdict.json")
+        client.set_tag(parent, "verdict", confirmation.verdict.text[:5000])
     client.set_terminated(parent, status)
     return SearchOutcome(
         experiment=config.name,
@@ -767,7 +900,24 @@ def _finish(
         pareto=front,
         wall_s=time.monotonic() - started,
         baseline=baseline,
+        confirmation=confirmation,
     )
+
+
+def confirmation_document(confirmation: ConfirmOutcome) -> dict[str, Any]:
+    """`verdict.json` of the parent run: the verdict and every confirmation measurement."""
+    return {
+        **confirmation.verdict.as_dict(),
+        "rounds_done": confirmation.rounds_done,
+        "wall_s": round(confirmation.wall_s, 1),
+        "measurements": {
+            trial_id: [
+                {"round": m.round, "run_id": m.run_id, "capacity_rps_per_accel": m.capacity, "hi_rps_per_accel": m.hi}
+                for m in measurements
+            ]
+            for trial_id, measurements in confirmation.measurements.items()
+        },
+    }
 
 
 def _row(outcome: TrialOutcome) -> dict[str, Any]:

@@ -191,6 +191,12 @@ class TrialTracker:
         )
         interrupted = 0
         for run in runs:
+            if run.data.tags.get(RUN_KIND_TAG) == RunKind.CONFIRM.value:
+                if run.info.status == "RUNNING":  # a confirmation the stopped driver left open
+                    self.client.set_tag(run.info.run_id, "trial_status", TrialStatus.EARLY_STOPPED.value)
+                    self.client.set_tag(run.info.run_id, "status_reason", reason)
+                    self.client.set_terminated(run.info.run_id, "KILLED")
+                continue
             trial_id = run.data.tags.get("trial_id")
             if not trial_id:
                 continue
@@ -233,7 +239,7 @@ class TrialTracker:
         number = len(self.outcomes)
         total = f"/{self.total_trials}" if self.total_trials else ""
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not isinstance(v, bool))
-        self._say(f"trial {number}{total} {trial_id} starting: {shown}")
+        self.say(f"trial {number}{total} {trial_id} starting: {shown}")
 
     def trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         outcome = self.outcomes.get(trial_id)
@@ -249,7 +255,7 @@ class TrialTracker:
         outcome.status = TrialStatus(str(result.get("trial_status", TrialStatus.RUNNING)))
         outcome.reason = str(result.get("status_reason", ""))
         if outcome.status == TrialStatus.INFEASIBLE:
-            self._say(f"  {trial_id} infeasible: {outcome.reason}")
+            self.say(f"  {trial_id} infeasible: {outcome.reason}")
             return
         verdict = "pass" if metrics.get("slo_pass") else "FAIL"
         if metrics.get("overloaded"):
@@ -262,7 +268,7 @@ class TrialTracker:
                 f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
                 f"{metrics.get('lost_requests', 0):.0f} lost"
             )
-        self._say(
+        self.say(
             f"  {trial_id} step {step} {result.get('phase', '')} {metrics.get('load_factor', 0):.3g}x "
             f"({metrics.get('arrival_rps', 0):.2f} rps): {verdict}  headroom "
             f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
@@ -300,12 +306,13 @@ class TrialTracker:
         self.client.set_tag(run_id, "status_reason", outcome.reason[:5000])
         self.client.set_terminated(run_id, "FINISHED" if status != TrialStatus.INFEASIBLE else "FAILED")
         outcome.closed = True
-        self._say(
+        self.say(
             f"trial {outcome.trial_id} {status.value}: {capacity_text(outcome.metrics, status)}, "
             f"ref ttft p95 {_fmt(outcome.metrics.get('ref_ttft_p95_s'))}s; {outcome.reason}"
         )
 
-    def _say(self, line: str) -> None:
+    def say(self, line: str) -> None:
+        """One progress line, stamped with the time since the search started."""
         elapsed = int(time.monotonic() - self._started)
         self.progress(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
 

@@ -57,7 +57,12 @@ class _Plots(HTMLParser):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("store")
-    build_store(root, "chat", standard_trials())
+    # Enough trials for the importance plot (report.MIN_IMPORTANCE_TRIALS).
+    more = [
+        trial(f"more{i:04d}", "completed", [0.6 + 0.05 * i, 1.7, 3.0], params={"max_num_seqs": 8 * (i + 2)})
+        for i in range(6)
+    ]
+    build_store(root, "chat", standard_trials() + more)
     uri = build_store(
         root,
         "code",

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def test_a_killed_search_resumes_without_rerunning_or_duplicating(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     config = str(ROOT / "tests" / "fixtures" / "search-short.yaml")
-    args = ["search", "--config", config, "--name", "resume-test", "--tracking-uri", uri]
+    args = ["search", "--config", config, "--name", "resume-test", "--tracking-uri", uri, "--no-confirm"]
     driver = subprocess.Popen(
         [sys.executable, "-m", "tuner", *args],
         cwd=ROOT,

@@ -27,7 +27,9 @@ def _search(tmp_path, config: str, name: str):
     parents = [r for r in runs if r.data.tags.get("run_kind") == "search"]
     assert len(parents) == 1
     parent = parents[0]
-    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert {r.data.tags.get("run_kind") for r in children} <= {"trial", "confirm"}
+    trials = [r for r in children if r.data.tags.get("run_kind") == "trial"]
     return result, client, parent, trials
 
 
@@ -120,6 +122,40 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
             )
             assert not (better and strictly), "a front member is dominated"
 
+    # The confirmation phase: the best trial and the baseline re-measured in 2 interleaved rounds, each a
+    # nested confirm run; the verdict on the parent; confirmations never enter the trials or the front.
+    ids = {t.data.tags["trial_id"] for t in trials}
+    assert {row["trial_id"] for row in front} <= ids
+    verdict = json.loads(open(client.download_artifacts(parent.info.run_id, "verdict.json", str(tmp_path))).read())
+    assert verdict["baseline"] == baseline[0].data.tags["trial_id"] and verdict["winner"] in ids
+    assert "verdict (" in result.stdout and parent.data.tags["verdict"] == verdict["text"]
+    experiment = client.get_experiment_by_name("e2e-short")
+    confirms = [
+        r
+        for r in client.search_runs([experiment.experiment_id], max_results=100)
+        if r.data.tags.get("run_kind") == "confirm"
+    ]
+    if verdict["comparisons"]:  # a finalist besides the baseline passed a load step
+        assert len(confirms) == 4 and verdict["rounds"] == 2 and verdict["rounds_done"] == 2
+        assert sorted(r.data.tags["confirm_round"] for r in confirms) == ["1", "1", "2", "2"]
+        assert {r.data.tags["confirms_trial"] for r in confirms} == set(verdict["measurements"])
+        assert verdict["ci_low"] is None or verdict["ci_low"] <= (verdict["ratio"] or 0) <= (verdict["ci_high"] or 1e9)
+    else:
+        assert confirms == [] and verdict["notes"]
+    for run in confirms:
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and run.info.status != "RUNNING"
+        assert run.data.tags["confirms_trial"] in ids and run.data.tags["trial_status"] in STATUSES
+        assert "capacity_rps_per_accel" in run.data.metrics
+
+    # The export carries the verdict and recommends what it recommends.
+    out = tmp_path / "deploy"
+    exported = run_cli(
+        "export", "--experiment", "e2e-short", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--out", str(out)
+    )
+    assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
+    best = json.loads((out / "best.json").read_text())
+    assert best["verdict"]["winner"] == verdict["winner"] == best["trial_id"]
+    assert "Confirmed in 2 paired rounds" in (out / "vllm-serve.yaml").read_text()
     assert leftover_processes() == []
 
 

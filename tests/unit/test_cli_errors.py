@@ -123,7 +123,24 @@ def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
         "or 10s of them" in out
     )
     assert "estimated engine time: about" in out and "when its capacity is near 4x" in out
+    assert "confirmation: the best 1 config(s) and the baseline re-measured in 3 interleaved rounds" in out
+    assert "of the 14.0 min budget, the search gets" in out
     assert not (tmp_path / "m.db").exists()
+    off = CliRunner().invoke(
+        main, ["search", "--dry-run", "--no-confirm", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+    )
+    assert off.exit_code == 0 and "confirmation: off (confirm.rounds 0 or --no-confirm)" in off.output
+
+
+def test_one_confirmation_round_is_refused_it_gives_no_interval(invoke):
+    line = invoke(config="confirm: {rounds: 1}\n")
+    assert "search.yaml: confirm.rounds: " in line and "1 round gives no interval: use 0 (off) or at least 2" in line
+
+
+def test_a_time_budget_the_confirmation_would_use_up_is_an_up_front_error(invoke):
+    line = invoke("--time-budget-s", "300")
+    assert line.startswith("error: budget.time_budget_s: 300s leaves")
+    assert "raise it, lower confirm.rounds, or pass --no-confirm" in line
 
 
 def test_a_model_directory_without_config_json_is_named_before_any_engine_starts(invoke, tmp_path):

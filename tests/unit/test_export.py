@@ -157,8 +157,10 @@ def build_store(
     workload: dict[str, Any] | None = None,
     model: str = "/models/tiny",
     engine_args: dict[str, Any] | None = None,
+    verdict: dict[str, Any] | None = None,
 ) -> str:
-    """Record a search as `tuner.search` does (parent run, documents, nested trial runs); returns the URI."""
+    """Record a search as `tuner.search` does (parent run, documents, nested trial runs, and with `verdict`
+    a confirmation measurement of each trial it names plus verdict.json); returns the URI."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -257,6 +259,22 @@ def build_store(
         client.set_tag(run_id, "trial_status", spec["status"])
         client.set_tag(run_id, "status_reason", spec["reason"])
         client.set_terminated(run_id, "FAILED" if spec["status"] == "infeasible" else "FINISHED")
+    if verdict is not None:
+        for trial_id in {verdict["winner"], verdict["baseline"]}:
+            run = client.create_run(
+                exp_id,
+                run_name=f"confirm-{trial_id}-r1",
+                start_time=2_000_000,
+                tags={
+                    PARENT_TAG: parent,
+                    "run_kind": "confirm",
+                    "confirms_trial": trial_id,
+                    "trial_status": "completed",
+                },
+            )
+            client.log_metric(run.info.run_id, "capacity_rps_per_accel", 99.0)
+            client.set_terminated(run.info.run_id, "FINISHED")
+        client.log_dict(parent, verdict, "verdict.json")
     client.set_terminated(parent, "FINISHED")
     return uri
 
@@ -828,3 +846,63 @@ def test_export_with_an_unreadable_slo_is_a_clear_error(store: str, tmp_path: Pa
         ],
     )
     assert result.exit_code == 2 and "SLO term 'ttft<2s'" in result.output
+
+
+# --- the confirmation's verdict ---------------------------------------------------------------------------
+
+
+def _verdict(winner: str, baseline: str = "base0001", distinguishable: bool = True) -> dict[str, Any]:
+    return {
+        "winner": winner,
+        "baseline": baseline,
+        "ratio": 1.9 if distinguishable else 1.04,
+        "ci_low": 1.5 if distinguishable else 0.9,
+        "ci_high": 2.4 if distinguishable else 1.2,
+        "confidence": 0.95,
+        "distinguishable": distinguishable,
+        "rounds": 4,
+        "tied_with": [],
+        "tie_rule": "fewer accelerators, then lower TTFT p95 at the reference load",
+        "text": "x1.90 the baseline's capacity (95% CI 1.50-2.40)"
+        if distinguishable
+        else "not distinguishable from the baseline at this noise (95% CI 0.90-1.20); vLLM's defaults are fine",
+    }
+
+
+def test_confirmation_runs_never_enter_the_searchs_trials(tmp_path: Path) -> None:
+    uri = build_store(tmp_path, "confirmed", standard_trials(), verdict=_verdict("win00002"))
+    from mlflow.tracking import MlflowClient
+
+    record = load_search(MlflowClient(tracking_uri=uri), "confirmed")
+    assert [t.trial_id for t in record.trials] == [t["trial_id"] for t in standard_trials()]
+    assert record.verdict["winner"] == "win00002"
+
+
+def test_a_baseline_the_confirmation_could_not_beat_is_what_the_export_recommends(tmp_path: Path) -> None:
+    uri = build_store(tmp_path, "tied", standard_trials(), verdict=_verdict("base0001", distinguishable=False))
+    result = export_search(uri, "tied", tmp_path / "out")
+    assert result.trial.trial_id == "base0001", "a config tied with the baseline never displaces it"
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert best["verdict"]["distinguishable"] is False and best["verdict"]["applies"] is True
+    assert {"ratio", "ci_low", "ci_high", "confidence", "rounds", "tied_with", "tie_rule"} <= set(best["verdict"])
+    header = (tmp_path / "out" / "vllm-serve.yaml").read_text()
+    assert "Confirmed in 4 paired rounds against the baseline: not distinguishable" in header
+
+
+def test_the_confirmed_winner_is_exported_with_its_interval(tmp_path: Path) -> None:
+    uri = build_store(tmp_path, "won", standard_trials(), verdict=_verdict("win00002"))
+    result = export_search(uri, "won", tmp_path / "out")
+    assert result.trial.trial_id == "win00002"
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert best["verdict"]["ratio"] == 1.9 and best["verdict"]["ci_low"] == 1.5
+    assert "95% CI 1.50-2.40" in (tmp_path / "out" / "serve-llm.yaml").read_text()
+    # Another pick is the user's choice: the verdict is reported, and says it was about another trial.
+    other = export_search(uri, "won", tmp_path / "latency", pick="min-latency")
+    best = json.loads((tmp_path / "latency" / "best.json").read_text())
+    assert other.trial.trial_id != "win00002" and best["verdict"]["applies"] is False
+    assert "recommends trial win00002" in best["verdict"]["note"]
+
+
+def test_an_export_without_a_confirmation_has_no_verdict(store: str, tmp_path: Path) -> None:
+    export_search(store, "exp-a", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "best.json").read_text())["verdict"] is None

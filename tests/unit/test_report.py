@@ -54,15 +54,41 @@ def test_summary_finds_front_winner_baseline_and_gain(two_searches: str) -> None
     assert summary.gain == pytest.approx(2.0)
     assert summary.counts == {"completed": 3, "early_stopped": 1, "infeasible": 1}
     lines = gain_lines(summary)
-    assert "x2.00 (+100%)" in lines[0]
+    assert lines[0].startswith("No confirmation phase ran: every figure below is one measurement")
+    assert "x2.00 (+100%) in the search" in lines[1]
     assert any(line.startswith("TTFT p95 at the reference load: 0.4 s against 1.5 s") for line in lines)
 
 
 def test_gain_when_the_baseline_passed_nothing_or_is_the_winner(tmp_path: Path) -> None:
     uri = build_store(tmp_path, "weak-base", [trial("b", "completed", [3.0]), trial("w", "completed", [0.1, 0.2, 3.0])])
-    assert "fails the SLO at every load tried" in gain_lines(summarize(load_search(client_for(uri), "weak-base")))[0]
+    assert "fails the SLO at every load tried" in gain_lines(summarize(load_search(client_for(uri), "weak-base")))[1]
     uri = build_store(tmp_path, "best-base", [trial("b", "completed", [0.1, 0.2, 0.3]), trial("w", "completed", [3.0])])
-    assert "itself the best" in gain_lines(summarize(load_search(client_for(uri), "best-base")))[0]
+    assert "itself the best" in gain_lines(summarize(load_search(client_for(uri), "best-base")))[1]
+
+
+def test_the_confirmed_verdict_leads_and_names_the_recommended_config(tmp_path: Path) -> None:
+    verdict = {
+        "winner": "base0001",
+        "baseline": "base0001",
+        "rounds": 4,
+        "text": "not distinguishable from the baseline at this noise (95% CI 0.91-1.18); vLLM's defaults are fine",
+        "measurements": {
+            "base0001": [{"round": 1, "capacity_rps_per_accel": 2.0, "hi_rps_per_accel": 2.2}],
+            "win00002": [{"round": 1, "capacity_rps_per_accel": 2.1, "hi_rps_per_accel": None}],
+        },
+    }
+    uri = build_store(tmp_path, "confirmed", standard_trials(), verdict=verdict)
+    summary = summarize(load_search(client_for(uri), "confirmed"))
+    assert summary.winner.trial_id == "base0001", "the search's highest single measurement does not win"
+    lines = gain_lines(summary)
+    assert lines[0].startswith("Confirmed in 4 paired rounds against the baseline")
+    assert "(95% CI 0.91-1.18)" in lines[0] and lines[0].endswith("Recommended: the baseline.")
+    from tuner.report import pareto_figure
+
+    traces = {trace.name: trace for trace in pareto_figure(summary).data}
+    rounds = traces["confirmation rounds (bracket each)"]
+    assert len(rounds.y) == 2 and rounds.y[0] == pytest.approx((2.0 * 2.2) ** 0.5)
+    assert "winner (confirmed)" in traces
 
 
 def test_every_trial_is_in_the_table_with_status_and_reason(two_searches: str) -> None:
@@ -76,7 +102,7 @@ def test_every_trial_is_in_the_table_with_status_and_reason(two_searches: str) -
 
 
 def test_importance_over_enough_trials_and_a_note_otherwise(two_searches: str, tmp_path: Path) -> None:
-    importance = param_importance(load_search(client_for(two_searches), "chat"))
+    importance = param_importance(load_search(client_for(two_searches), "chat"), minimum=4)
     assert importance.values and set(importance.values) <= {
         "max_num_seqs",
         "max_num_batched_tokens",
@@ -85,8 +111,8 @@ def test_importance_over_enough_trials_and_a_note_otherwise(two_searches: str, t
     }
     assert sum(importance.values.values()) == pytest.approx(1.0)
     assert "baseline" not in importance.note
-    few = param_importance(load_search(client_for(two_searches), "code"))
-    assert not few.values and "2 completed or early-stopped trial(s), at least 3 are needed" in few.note
+    few = param_importance(load_search(client_for(two_searches), "chat"))
+    assert not few.values and "4 completed or early-stopped trial(s), at least 10 are needed" in few.note
 
 
 class _Tags(HTMLParser):
@@ -108,17 +134,17 @@ def test_html_is_self_contained_with_every_plot(rendered: tuple[str, str]) -> No
     assert page.startswith("<!DOCTYPE html>") and scripts
     assert not [a for a in scripts if a.get("src")], "every script is inline: the page works offline"
     assert not [a for tag, a in parser.tags if tag in ("link", "img", "iframe") and (a.get("href") or a.get("src"))]
-    assert page.count("Plotly.newPlot") >= 6 and len(scripts) == 1 + page.count("Plotly.newPlot")
+    assert page.count("Plotly.newPlot") >= 5 and len(scripts) == 1 + page.count("Plotly.newPlot")
     ids = set(re.findall(r'id="(plot-[a-z0-9-]+)"', page))
     assert {
         "plot-comparison",
         "plot-pareto-0",
         "plot-curves-0",
-        "plot-importance-0",
         "plot-pareto-1",
         "plot-curves-1",
     } <= ids
-    assert "plot-importance-1" not in ids  # too few trials: a note instead
+    assert not {"plot-importance-0", "plot-importance-1"} & ids  # too few trials: a note instead
+    assert "at least 10 are needed" in page
     assert "Pareto fronts side by side" in page and "baseline" in page and "winner (max capacity)" in page
 
 

@@ -1,0 +1,212 @@
+"""The confirmation phase: after the search, re-measure the finalists and the baseline side by side.
+
+Each round measures every finalist and the baseline once, each on a fresh pool, in an order rotated from
+round to round, so drift on a shared machine hits them alike. A measurement is a capacity search
+warm-started from a bracket (its first load is the bracket's lower end, its climb factor the bracket's
+width), not a new climb from the reference load: the trial's bracket in the first round, then the
+latest closed bracket of that config's confirmation. Every measurement is a nested MLflow run
+(`run_kind=confirm`, `confirms_trial`, `trial_status`) under the search's parent run; `tuner.verdict`
+turns the rounds into the verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.capacity import CapacityPlan
+from tuner.tracking import TrialOutcome, capacity_text, experiment_id, measurable
+from tuner.verdict import Measurement, Verdict, decide
+from tuner.vocabulary import FEASIBLE_STATUSES, PARENT_TAG, RUN_KIND_TAG, RunKind, TrialStatus
+
+if TYPE_CHECKING:
+    from trainables.trial import TrialContext
+
+# Measured repeatability of one capacity (coefficient of variation over repeats with a fresh engine each
+# time, full settings; docs/benchmarks.md "Repeatability"): what the default number of rounds rests on.
+REPEATABILITY_CV = 0.049
+
+
+def finalists(trials: Sequence[TrialOutcome], baseline: TrialOutcome | None, count: int) -> list[TrialOutcome]:
+    """The `count` best trials under the SLO other than the baseline: highest capacity per accelerator,
+    ties to the lower reference TTFT p95 (trials that passed no load are never finalists)."""
+    candidates = [
+        t
+        for t in trials
+        if t is not baseline and t.status in FEASIBLE_STATUSES and t.metrics.get("capacity_rps_per_accel", 0) > 0
+    ]
+    candidates.sort(
+        key=lambda t: (-t.metrics.get("capacity_rps_per_accel", 0), t.metrics.get("ref_ttft_p95_s", math.inf))
+    )
+    return candidates[:count]
+
+
+def warm_plan(plan: CapacityPlan, metrics: dict[str, float], reference_rps: float, resolution: float) -> CapacityPlan:
+    """A capacity search that starts at the trial's capacity and climbs by its bracket's width.
+
+    A trial whose bracket is already within `resolution` is re-measured in two steps when nothing moved
+    (a pass at its capacity, a failure at its bracket's top); a censored trial starts at its lower bound
+    and climbs as the search did; a trial that passed nothing starts at the search's lowest load.
+    """
+    capacity = metrics.get("capacity_rps_per_accel", 0.0)
+    hi = metrics.get("capacity_hi_rps_per_accel")
+    if capacity <= 0:
+        start = plan.min_factor
+        growth = plan.growth
+    else:
+        start = capacity / reference_rps
+        growth = (hi / capacity) if hi is not None and hi > capacity else plan.growth
+        growth = max(growth, 1 + resolution)
+    return CapacityPlan(
+        start_factor=start,
+        growth=growth,
+        max_factor=max(plan.max_factor, start),
+        min_factor=min(plan.min_factor, start),
+        resolution=resolution,
+        noise=plan.noise,
+        max_steps=plan.max_steps,
+    )
+
+
+def schedule(configs: Sequence[str], rounds: int) -> list[list[str]]:
+    """The measurement order of each round: every config once, the order rotated by one each round."""
+    n = len(configs)
+    return [[configs[(r + i) % n] for i in range(n)] for r in range(rounds)]
+
+
+@dataclass(frozen=True)
+class ConfirmCost:
+    """Estimated engine seconds of one confirmation measurement and of the whole phase."""
+
+    measurement_s: float
+    total_s: float
+    measurements: int
+
+
+@dataclass
+class ConfirmOutcome:
+    """What the confirmation phase measured and decided."""
+
+    verdict: Verdict
+    measurements: dict[str, list[Measurement]]
+    wall_s: float
+    rounds_done: int
+    notes: list[str]
+
+
+# (context, params, trial id) -> the final result of one capacity search on a fresh pool
+Measure = Callable[["TrialContext", dict[str, Any], str], dict[str, Any]]
+
+
+def run_confirmation(
+    *,
+    context: TrialContext,
+    trials: Sequence[TrialOutcome],
+    baseline: TrialOutcome,
+    count: int,
+    rounds: int,
+    resolution: float,
+    measure: Measure,
+    client: Any = None,
+    experiment: str = "",
+    parent_run_id: str = "",
+    deadline: float | None = None,
+    measurement_s: float = 0.0,
+    progress: Callable[[str], None] = print,
+) -> ConfirmOutcome:
+    """Measure the finalists and the baseline in `rounds` interleaved rounds and decide the verdict.
+
+    A round is started only if it can end before `deadline` (time.monotonic(); each measurement
+    estimated at `measurement_s`); with fewer than two rounds done there is no interval, and the verdict
+    says so. Each measurement is recorded as a nested MLflow run when `client` is given.
+    """
+    began = time.monotonic()
+    chosen = finalists(trials, baseline, count)
+    notes: list[str] = []
+    by_id = {t.trial_id: t for t in [baseline, *chosen]}
+    ids = [t.trial_id for t in chosen] + [baseline.trial_id]
+    measured: dict[str, list[Measurement]] = {t: [] for t in ids}
+    tie_key = {
+        t.trial_id: (t.metrics.get("num_accelerators", 1.0), t.metrics.get("ref_ttft_p95_s", math.inf))
+        for t in by_id.values()
+    }
+    if not chosen:
+        notes.append("no trial other than the baseline passed a load step: nothing to confirm")
+        return ConfirmOutcome(decide(measured, baseline.trial_id, notes=notes), measured, 0.0, 0, notes)
+    exp_id = experiment_id(client, experiment, create=True) if client is not None else None
+    done = 0
+    durations: list[float] = []
+    # Where each config's next measurement starts: the trial's bracket, then the latest closed one.
+    start_from = {t: dict(by_id[t].metrics) for t in ids}
+    for index, order in enumerate(schedule(ids, rounds)):
+        each_s = sum(durations) / len(durations) if durations else measurement_s
+        if deadline is not None and time.monotonic() + each_s * len(order) > deadline:
+            notes.append(f"the time budget allowed {done} of {rounds} confirmation rounds")
+            break
+        progress(f"confirmation round {index + 1}/{rounds}: {', '.join(order)}")
+        for trial_id in order:
+            trial = by_id[trial_id]
+            plan = warm_plan(context.plan, start_from[trial_id], context.reference_rps, resolution)
+            round_context = dataclasses.replace(context, plan=plan, seed=context.seed + 1000 * (index + 1))
+            run_id = _open_run(client, exp_id, parent_run_id, trial, index) if client is not None else ""
+            measuring = time.monotonic()
+            try:
+                result = measure(round_context, dict(trial.params), f"confirm{index + 1}-{trial_id}")
+            except BaseException:
+                if client is not None:
+                    _close_run(client, run_id, TrialStatus.EARLY_STOPPED, "the search ended during this measurement")
+                raise
+            durations.append(time.monotonic() - measuring)
+            status = TrialStatus(str(result.get("trial_status", TrialStatus.COMPLETED)))
+            capacity = float(result.get("capacity_rps_per_accel", 0.0)) if status != TrialStatus.INFEASIBLE else 0.0
+            hi = result.get("capacity_hi_rps_per_accel")
+            measurement = Measurement(
+                capacity, float(hi) if hi is not None else None, trial_id=trial_id, run_id=run_id, round=index + 1
+            )
+            measured[trial_id].append(measurement)
+            if measurement.capacity > 0 and measurement.hi is not None:
+                start_from[trial_id] = {"capacity_rps_per_accel": capacity, "capacity_hi_rps_per_accel": measurement.hi}
+            text = capacity_text(result, status)
+            if client is not None:
+                client.log_batch(run_id, metrics=_metrics(result))
+                _close_run(client, run_id, status, str(result.get("status_reason", ""))[:5000])
+            progress(f"  confirm {trial_id} (round {index + 1}): {text}")
+        done += 1
+    if done < 2:
+        notes.append(f"{done} confirmation round(s) done: an interval needs at least 2")
+    verdict = decide(measured, baseline.trial_id, tie_key=tie_key, notes=notes)
+    return ConfirmOutcome(verdict, measured, time.monotonic() - began, done, notes)
+
+
+def _open_run(client: Any, exp_id: str | None, parent: str, trial: TrialOutcome, index: int) -> str:
+    run = client.create_run(
+        exp_id,
+        run_name=f"confirm-{trial.trial_id}-r{index + 1}",
+        tags={
+            PARENT_TAG: parent,
+            RUN_KIND_TAG: RunKind.CONFIRM.value,
+            "confirms_trial": trial.trial_id,
+            "confirm_round": str(index + 1),
+            "trial_status": TrialStatus.RUNNING.value,
+        },
+    )
+    for key, value in trial.params.items():
+        client.log_param(run.info.run_id, key, value)
+    return str(run.info.run_id)
+
+
+def _close_run(client: Any, run_id: str, status: TrialStatus, reason: str) -> None:
+    client.set_tag(run_id, "trial_status", status.value)
+    client.set_tag(run_id, "status_reason", reason)
+    client.set_terminated(run_id, "FAILED" if status == TrialStatus.INFEASIBLE else "FINISHED")
+
+
+def _metrics(result: dict[str, Any]) -> list[Any]:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    return [Metric(k, v, now, 0) for k, v in measurable(result).items()]
