@@ -168,7 +168,9 @@ class EnginePool:
                     if generation == self._generation[index] and proves_death(error):
                         self._suspect[index] = True
                         self._errors[index] = error_line(error)
-                    yield Finished(request.request_id, 0, (), error=f"replica {index}: {error_line(error)}")
+                    yield Finished(
+                        request.request_id, 0, (), error=f"replica {index}: {error_line(error)}", replica_error=True
+                    )
                     return
                 yield item
                 if isinstance(item, Finished):

@@ -43,6 +43,7 @@ class Finished:
     queue_s: float | None = None
     error: str | None = None
     retries: int = 0
+    replica_error: bool = False  # the replica itself (its actor, server or engine) raised, not the request
 
 
 StreamItem = FirstToken | Finished

@@ -86,4 +86,5 @@ def _record(planned: PlannedRequest, entry: dict) -> RequestRecord:
         ok=error is None,
         error=error,
         retries=item.retries,
+        replica_error=item.replica_error,
     )

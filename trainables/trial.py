@@ -210,7 +210,7 @@ class TrialRunner:
         self.last_records, self.last_plan = records, plan
         if self.ref_records is None and math.isclose(factor, 1.0, rel_tol=1e-6):
             self.ref_records = records
-        crashed = [r.error for r in records if r.error and r.error.startswith("replica ")]
+        crashed = [r.error for r in records if r.replica_error and r.error]
         if crashed and len(crashed) == len(records):
             self.failure = f"replicas crashed during step {step}: {crashed[0]}"
             return self._infeasible_result(self.failure)

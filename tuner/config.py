@@ -14,10 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.capacity import CapacityPlan
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, validation_line
 from tuner.sampling import required_requests
 from tuner.slo import Slo, parse_slo
-from tuner.space import validation_line
 from tuner.workload.transforms import TransformSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -11,6 +11,8 @@ TunerError
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class TunerError(Exception):
     """Root of every error the tool raises on purpose."""
@@ -39,3 +41,31 @@ class TrackingError(TunerError):
 
 class ExportError(TunerError):
     """No trial can be exported (none feasible, or none meets the SLO)."""
+
+
+def validation_line(error: ValidationError) -> str:
+    """The first pydantic error as one line: `field.path: message` (union branch labels left out)."""
+    first = error.errors()[0]
+    where = ".".join(
+        str(p)
+        for p in first["loc"]
+        if str(p) not in _BRANCH_LABELS and not str(p).startswith(("function-", "tagged-union"))
+    )
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown field"
+    return f"{where}: {message}" if where else message
+
+
+_BRANCH_LABELS = {
+    "int",
+    "float",
+    "categorical",
+    "bool",
+    "str",
+    "dict[str,any]",
+    "literal['vllm-defaults']",
+    "IntParam",
+    "FloatParam",
+    "CategoricalParam",
+}

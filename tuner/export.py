@@ -658,7 +658,7 @@ def best_document(
     return {
         "experiment": record.experiment,
         "parent_run_id": record.parent_run_id,
-        "tracking_uri": _scrub_uri(record.tracking_uri),
+        "tracking_uri": scrub_uri(record.tracking_uri),
         "trial_id": trial.trial_id,
         "run_id": trial.run_id,
         "status": trial.status,
@@ -750,7 +750,7 @@ def scrub(value: Any) -> Any:
     return value
 
 
-def _scrub_uri(uri: str) -> str:
+def scrub_uri(uri: str) -> str:
     """A tracking URI without any user:password part."""
     return re.sub(r"//[^/@]*@", "//", uri)
 
@@ -767,7 +767,7 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
 
     found = client.get_experiment_by_name(experiment)
     if found is None or found.lifecycle_stage == "deleted":
-        raise TrackingError(f"no MLflow experiment named {experiment!r} in {_scrub_uri(client.tracking_uri)}")
+        raise TrackingError(f"no MLflow experiment named {experiment!r} in {scrub_uri(client.tracking_uri)}")
     exp_id = experiment_id(client, experiment, create=False)
     parents = client.search_runs(
         [exp_id],

@@ -43,6 +43,7 @@ class RequestRecord:
     in_warmup: bool = False
     replica: int = -1
     retries: int = 0
+    replica_error: bool = False  # it failed because its replica raised (see trainables.protocol.Finished)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

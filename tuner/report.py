@@ -27,6 +27,7 @@ from tuner.export import (
     feasible_trials,
     load_search,
     pick_trial,
+    scrub_uri,
 )
 from tuner.pareto import non_dominated
 from tuner.slo import parse_slo
@@ -705,12 +706,12 @@ def build_report(records: Sequence[SearchRecord], *, generated: str | None = Non
     parts = [
         f"<h1>vllm-tuner report: {html.escape(names)}</h1>",
         f'<p class="meta">Generated {html.escape(generated)} from MLflow '
-        f"<code>{html.escape(_safe_uri(records[0].tracking_uri))}</code>.</p>",
+        f"<code>{html.escape(scrub_uri(records[0].tracking_uri))}</code>.</p>",
     ]
     md = [
         f"# vllm-tuner report: {names}",
         "",
-        f"Generated {generated} from MLflow `{_safe_uri(records[0].tracking_uri)}`.",
+        f"Generated {generated} from MLflow `{scrub_uri(records[0].tracking_uri)}`.",
         "",
     ]
     if len(summaries) > 1:
@@ -859,10 +860,6 @@ def _plot(figure, div_id: str) -> str:
         config={"displaylogo": False, "responsive": True},
     )
     return f'<div class="plot">{body}</div>'
-
-
-def _safe_uri(uri: str) -> str:
-    return re.sub(r"//[^/@]*@", "//", uri)
 
 
 # --- MLflow I/O -----------------------------------------------------------------------------------

@@ -879,7 +879,7 @@ def _finish(
     )
     client.log_dict(parent, {"trials": [_row(t) for t in trials]}, "trials.json")
     try:
-        client.log_figure(parent, pareto_figure(trials, front, objectives, config.slo), "pareto.png")
+        client.log_figure(parent, pareto_png(trials, front, objectives, config.slo), "pareto.png")
     except Exception as error:  # a plot must never cost the search its records
         client.set_tag(parent, "pareto_plot_error", str(error)[:500])
     baseline = _baseline_outcome(prepared, trials)
@@ -931,8 +931,10 @@ def _row(outcome: TrialOutcome) -> dict[str, Any]:
     }
 
 
-def pareto_figure(trials: list[TrialOutcome], front: list[TrialOutcome], objectives, slo: str):
-    """Capacity against latency at the reference load: every comparable trial, the front highlighted."""
+def pareto_png(trials: list[TrialOutcome], front: list[TrialOutcome], objectives, slo: str):
+    """The static picture MLflow shows beside pareto.json (matplotlib, no browser needed): capacity against
+    latency at the reference load, every comparable trial, the front highlighted. The report draws the
+    interactive one from the recorded runs (`tuner.report.pareto_figure`)."""
     import matplotlib
 
     matplotlib.use("Agg")

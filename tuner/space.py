@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, validation_line
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 # Parameters the pool consumes; every other name must be a vLLM engine argument.
@@ -269,31 +269,3 @@ def load_space(ref: str | Path, *, known_engine_args: set[str] | None = None) ->
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
     return space
-
-
-def validation_line(error: ValidationError) -> str:
-    """The first pydantic error as one line: `field.path: message` (union branch labels left out)."""
-    first = error.errors()[0]
-    where = ".".join(
-        str(p)
-        for p in first["loc"]
-        if str(p) not in _BRANCH_LABELS and not str(p).startswith(("function-", "tagged-union"))
-    )
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        message = "unknown field"
-    return f"{where}: {message}" if where else message
-
-
-_BRANCH_LABELS = {
-    "int",
-    "float",
-    "categorical",
-    "bool",
-    "str",
-    "dict[str,any]",
-    "literal['vllm-defaults']",
-    "IntParam",
-    "FloatParam",
-    "CategoricalParam",
-}

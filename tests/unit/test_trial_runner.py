@@ -274,3 +274,19 @@ def test_the_client_runs_off_the_engines_cores_during_the_trial_only():
     finally:
         runner.close()
     assert os.sched_getaffinity(0) == before, "a trial must leave the process where it found it"
+
+
+def test_a_replica_whose_every_request_raises_makes_the_trial_infeasible():
+    """Every request of the step fails because the replica raised (a broken engine that stays up): the pool
+    marks those failures as the replica's (no string matching) and the trial ends infeasible."""
+
+    class Broken(StandInEngine):
+        async def generate(self, request):
+            raise RuntimeError("engine step failed: bad kernel")
+            yield  # an async generator that raises on first use
+
+    runner = TrialRunner(_context(plan=PLAN_1S), {"max_num_seqs": 4}, _factory([Broken()]))
+    result = _run_all(runner)[-1]
+    assert result["trial_status"] == "infeasible"
+    assert result["status_reason"].startswith("replicas crashed during step 1: replica 0: "), result["status_reason"]
+    assert all(r.replica_error for r in runner.last_records)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from tuner.errors import ConfigError, TunerError
+from tuner.errors import ConfigError, TunerError, validation_line
 from tuner.workload.canonical import write_canonical
 from tuner.workload.formats import FORMATS, load_workload
 from tuner.workload.records import Workload
@@ -108,9 +108,8 @@ def transform_spec(**options: Any) -> TransformSpec:
     try:
         return TransformSpec(**{k: v for k, v in options.items() if v is not None})
     except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(part) for part in error["loc"]) or "transforms"
-        raise ConfigError(f"workload.transforms.{field}: {error['msg']}") from None
+        line = validation_line(exc)
+        raise ConfigError(f"workload.transforms.{line}" if ": " in line else f"workload.transforms: {line}") from None
 
 
 def _number(value: float | None, digits: int = 3) -> str:
