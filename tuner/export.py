@@ -1,61 +1,36 @@
-"""Export: pick the best trial of a recorded search under an SLO and render it as deployable files.
+"""Export: render the chosen trial of a recorded search as deployable files.
 
 The files are `vllm-serve.yaml` (for `vllm serve --config`), `serve-llm.yaml` (a Ray Serve LLM
 application), `rayservice.yaml` (a KubeRay RayService carrying that application) and `best.json`
-(params, measured metrics and provenance). Reading MLflow happens once, in `load_search`; judging,
-picking and rendering are pure functions over the plain `SearchRecord` / `TrialRow` records.
-
-Re-judging under another SLO (`--slo` different from the one the search recorded) uses the search's
-own rule, the same functions: a recorded step passes iff `tuner.metrics.judge` passes its recorded
-SLO statistics (`slo_{metric}_{stat}_s`, failed requests counted as infinitely slow) and
-`tuner.metrics.sustainable` finds no TTFT growth that breaks the new bound; the trial's capacity is then
-`tuner.capacity.bracket` over its re-judged steps (the highest measured pass below the lowest failure;
-censored when none fails). The loads measured were chosen for the recorded SLO, so the bracket under
-another SLO can be wider. Latencies at the reference load (`ref_*_p95_s`) do not depend on the SLO and
-are kept as they are. Steps recorded before the SLO statistics existed fall back to the completed-only
-statistics when nothing failed, and fail when something did.
+(params, measured metrics and provenance). The search is read by `tuner.recorded.load_search`, the
+trial chosen by `tuner.selection`; rendering here is pure functions over those records.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
-import math
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import yaml
 
-from tuner.capacity import Observation, bracket
-from tuner.errors import ExportError, TrackingError
-from tuner.metrics import capacity_metrics, sustainable
-from tuner.metrics import judge as judge_statistics
-from tuner.pareto import Objective, knee_index, non_dominated
-from tuner.slo import METRICS, STATS, Slo, parse_slo
+from tuner.errors import ExportError
+from tuner.recorded import SearchRecord, TrialRow, coerce_param, load_search, scrub_uri
+from tuner.selection import (
+    PICKS,
+    capacity_summary,
+    confirmed_winner,
+    judge,
+    no_feasible_message,
+    pick_trial,
+    verdict_summary,
+)
 from tuner.space import POOL_PARAMS
 from tuner.vllm_args import serve_options
-from tuner.vocabulary import (
-    FEASIBLE_STATUSES,
-    FINAL_STATUSES,
-    RUN_KIND_TAG,
-    STEP_METRICS,
-    RunKind,
-    TrialStatus,
-    latency_name,
-    slo_latency_name,
-)
 
-PICKS = ("max-capacity", "min-latency", "knee")
-DEFAULT_OBJECTIVES: tuple[Objective, ...] = (
-    ("capacity_rps_per_accel", "max"),
-    ("ref_ttft_p95_s", "min"),
-)
 # Ray Serve's own health-check defaults, and its failure threshold, which no config can change.
 SERVE_HEALTH_PERIOD_S = 10.0
 SERVE_HEALTH_TIMEOUT_S = 30.0
@@ -77,268 +52,6 @@ _SECRET_KEY = re.compile(
     r"(secret|passw|api[_-]?key|access[_-]?key|auth|credential|^token$|_token$|^hf_)", re.IGNORECASE
 )
 _PROMPT_KEYS = {"prompt", "prompts", "text", "texts", "messages", "content", "conversation", "conversations"}
-
-
-# --- records --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrialRow:
-    """One trial as recorded: its params, final metrics, and the metrics of each load step in order."""
-
-    trial_id: str
-    run_id: str
-    status: str
-    status_reason: str = ""
-    params: Mapping[str, Any] = field(default_factory=dict)
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    steps: tuple[Mapping[str, float], ...] = ()
-
-    @property
-    def capacity(self) -> float:
-        return float(self.metrics.get("capacity_rps_per_accel", 0.0) or 0.0)
-
-    @property
-    def ref_ttft(self) -> float:
-        value = self.metrics.get("ref_ttft_p95_s")
-        return float(value) if value is not None and math.isfinite(value) else math.inf
-
-
-@dataclass(frozen=True)
-class SearchRecord:
-    """A recorded search: the parent run's params and documents, and every trial."""
-
-    experiment: str
-    parent_run_id: str
-    tracking_uri: str
-    slo: str
-    trials: tuple[TrialRow, ...]
-    objectives: tuple[Objective, ...] = DEFAULT_OBJECTIVES
-    params: Mapping[str, str] = field(default_factory=dict)
-    config: Mapping[str, Any] = field(default_factory=dict)
-    space: Mapping[str, Any] = field(default_factory=dict)
-    workload: Mapping[str, Any] = field(default_factory=dict)
-    baseline: Mapping[str, Any] = field(default_factory=dict)
-    status: str = "FINISHED"  # the parent run's: RUNNING while the search goes on
-    verdict: Mapping[str, Any] = field(default_factory=dict)  # verdict.json of the confirmation phase, if any
-
-    @property
-    def model(self) -> str:
-        return str(self.params.get("model") or _get(self.config, "model.path") or "")
-
-    @property
-    def device(self) -> str:
-        device = str(self.params.get("device") or _get(self.config, "hardware.device") or "cpu")
-        return "gpu" if device == "gpu" else "cpu"
-
-    @property
-    def max_model_len(self) -> int | None:
-        value = _get(self.config, "model.max_model_len")
-        return int(value) if value is not None else None
-
-    @property
-    def engine_args(self) -> dict[str, Any]:
-        return dict(_get(self.config, "model.engine_args") or {})
-
-    @property
-    def kv_budget_mib(self) -> float:
-        return float(_get(self.config, "hardware.kv_budget_mib") or 64.0)
-
-    @property
-    def cpu_cores_per_replica(self) -> int:
-        return int(_get(self.config, "hardware.cpu_cores_per_replica") or 1)
-
-    @property
-    def capacity_plan(self) -> dict[str, Any]:
-        """The capacity search's settings (start, growth, maximum, resolution, ...), as recorded."""
-        text = self.params.get("capacity_plan")
-        if text:
-            try:
-                return dict(json.loads(str(text)))
-            except ValueError:
-                pass
-        return dict(_get(self.config, "capacity") or {})
-
-    def baseline_trial(self) -> TrialRow | None:
-        """The trial that ran the baseline params (the search evaluates it first), if any."""
-        if not self.baseline:
-            return self.trials[0] if self.trials else None
-        for trial in self.trials:
-            if all(_same(trial.params.get(k), v) for k, v in self.baseline.items()):
-                return trial
-        return None
-
-
-def _get(tree: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = tree
-    for key in dotted.split("."):
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
-    return a == b
-
-
-def coerce_param(text: Any) -> Any:
-    """An MLflow param string back to the bool / int / float / None it was logged from."""
-    if not isinstance(text, str):
-        return text
-    if text in ("True", "true"):
-        return True
-    if text in ("False", "false"):
-        return False
-    if text == "None":
-        return None
-    if re.fullmatch(r"[+-]?\d+", text):
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-# --- judging and picking --------------------------------------------------------------------------
-
-
-def recorded_statistics(step: Mapping[str, float]) -> dict[str, float]:
-    """A recorded step's SLO statistics (`slo_*`), for steps recorded before them: the completed-only
-    value when no request failed, +inf when one did (so such a step fails, never passes wrongly)."""
-    failed = float(step.get("failed_requests", 0.0) or 0.0) > 0
-    statistics = {}
-    for metric in METRICS:
-        for stat in STATS:
-            name = slo_latency_name(metric, stat)
-            value = step.get(name)
-            if value is None:
-                plain = step.get(latency_name(metric, stat))
-                value = math.inf if failed or plain is None else plain
-            statistics[name] = float(value)
-    return statistics
-
-
-def step_passes(step: Mapping[str, float], slo: Slo) -> bool:
-    """Whether a recorded step meets `slo` by the search's own rule (see the module docstring)."""
-    passed, _ = judge_statistics(recorded_statistics(step), slo)
-    overloaded, _ = sustainable(step.get("ttft_projected_s"), slo)
-    return passed and not overloaded
-
-
-def rejudge(trial: TrialRow, slo: Slo) -> TrialRow:
-    """The trial with its capacity metrics recomputed under `slo` (see the module docstring).
-
-    Only completed / early-stopped trials with per-step metrics are re-judged; an infeasible trial keeps
-    capacity 0.
-    """
-    metrics = dict(trial.metrics)
-    accelerators = int(metrics.get("num_accelerators") or 1)
-    if trial.status not in FEASIBLE_STATUSES or not trial.steps:
-        return trial
-    seen = [
-        Observation(
-            float(step.get("load_factor", 0.0)),
-            float(step.get("arrival_rps", step.get("offered_rps", 0.0))) / accelerators,
-            step_passes(step, slo),
-        )
-        for step in trial.steps
-    ]
-    for key in ("capacity_hi_rps_per_accel",):
-        metrics.pop(key, None)
-    metrics.update(capacity_metrics(bracket(seen), accelerators))
-    return dataclasses.replace(trial, metrics=metrics)
-
-
-def judge(record: SearchRecord, slo: str | None) -> tuple[str, tuple[TrialRow, ...], bool]:
-    """(the SLO used, the trials judged under it, whether they were re-judged).
-
-    `slo` None or the recorded SLO (in any order or units) keeps the search's own verdicts. Raises
-    ConfigError (from
-    `parse_slo`) for an unreadable SLO.
-    """
-    recorded = str(parse_slo(record.slo)) if record.slo else ""
-    if slo is None or not slo.strip():
-        return recorded, record.trials, False
-    wanted = parse_slo(slo)
-    if record.slo and set(wanted.terms) == set(parse_slo(record.slo).terms):
-        return recorded, record.trials, False
-    return str(wanted), tuple(rejudge(t, wanted) for t in record.trials), True
-
-
-def feasible_trials(trials: Sequence[TrialRow]) -> list[TrialRow]:
-    """Trials that finished measuring (completed or early-stopped) and passed at least one load step."""
-    return [t for t in trials if t.status in FEASIBLE_STATUSES and t.capacity > 0]
-
-
-def pick_trial(
-    trials: Sequence[TrialRow],
-    pick: str = "max-capacity",
-    objectives: Sequence[Objective] = DEFAULT_OBJECTIVES,
-) -> TrialRow:
-    """The trial `pick` chooses among the feasible ones.
-
-    max-capacity: highest capacity per accelerator, ties to the lower reference TTFT p95;
-    min-latency: lowest reference TTFT p95, ties to the higher capacity; knee: the knee of the
-    non-dominated front under `objectives`. Remaining ties go to the earlier trial. Raises ExportError
-    when no trial is feasible and ValueError for an unknown pick.
-    """
-    if pick not in PICKS:
-        raise ValueError(f"pick must be one of {', '.join(PICKS)}, but got {pick!r}")
-    candidates = feasible_trials(trials)
-    if not candidates:
-        raise ExportError("no trial passed a load step under the SLO")
-    if pick == "max-capacity":
-        return min(candidates, key=lambda t: (-t.capacity, t.ref_ttft))
-    if pick == "min-latency":
-        return min(candidates, key=lambda t: (t.ref_ttft, -t.capacity))
-    points = [dict(t.metrics) for t in candidates]
-    chosen: list[Objective] = list(objectives) or list(DEFAULT_OBJECTIVES)
-    front = non_dominated(points, chosen)
-    return candidates[knee_index(points, front, chosen)]
-
-
-def confirmed_winner(record: SearchRecord, trials: Sequence[TrialRow], *, pick: str, rejudged: bool) -> TrialRow | None:
-    """The trial the confirmation phase recommends, for `--pick max-capacity` under the recorded SLO.
-
-    The confirmation already applied its rules (tuner.verdict.decide): the baseline unless a finalist
-    beats it distinguishably, and among finalists tied with the best one, the tie rule. None when there
-    was no confirmation, another pick or SLO was asked for, or the recommended trial is not feasible.
-    """
-    if pick != "max-capacity" or rejudged or not record.verdict.get("winner"):
-        return None
-    winner = str(record.verdict["winner"])
-    return next((t for t in feasible_trials(trials) if t.trial_id == winner), None)
-
-
-def verdict_summary(record: SearchRecord, trial: TrialRow, *, rejudged: bool) -> dict[str, Any] | None:
-    """best.json's `verdict`: the confirmation's verdict as it bears on the exported trial (None without one)."""
-    verdict = record.verdict
-    if not verdict:
-        return None
-    keys = ("ratio", "ci_low", "ci_high", "confidence", "distinguishable", "rounds", "tied_with", "tie_rule")
-    summary = {k: verdict.get(k) for k in keys}
-    summary["winner"] = verdict.get("winner")
-    summary["baseline"] = verdict.get("baseline")
-    summary["text"] = verdict.get("text")
-    summary["applies"] = not rejudged and trial.trial_id == verdict.get("winner")
-    if rejudged:
-        summary["note"] = "the confirmation judged the recorded SLO; this export re-judged under another one"
-    elif trial.trial_id != verdict.get("winner"):
-        summary["note"] = f"the confirmation recommends trial {verdict.get('winner')}; this export picked another"
-    return summary
-
-
-def no_feasible_message(record: SearchRecord, slo: str) -> str:
-    """One line saying why nothing can be exported from `record` under `slo`."""
-    counts = {s: sum(t.status == s for t in record.trials) for s in FINAL_STATUSES}
-    summary = ", ".join(f"{v} {k.value.replace('_', '-')}" for k, v in counts.items())
-    return (
-        f"experiment {record.experiment!r}: no feasible trial to export: none of its "
-        f"{len(record.trials)} trials ({summary}) passed a load step under SLO '{slo}'"
-    )
 
 
 # --- deployment -----------------------------------------------------------------------------------
@@ -704,39 +417,6 @@ def best_document(
     }
 
 
-def capacity_summary(trial: TrialRow) -> dict[str, Any]:
-    """The trial's capacity for people and programs: value, bracket, censoring, and one line of text."""
-    metrics = trial.metrics
-    censored = bool(metrics.get("capacity_censored"))
-    hi = metrics.get("capacity_hi_rps_per_accel")
-    if censored:
-        why = (
-            "the trial was stopped before any step failed"
-            if trial.status == TrialStatus.EARLY_STOPPED
-            else "no step failed up to the capacity search's maximum load"
-        )
-        text = f">= {trial.capacity:.3g} requests/s per accelerator (a lower bound: {why})"
-    elif trial.capacity <= 0:
-        text = "no load passed: fails the SLO at every load tried"
-    else:
-        text = (
-            f"{trial.capacity:.3g} requests/s per accelerator (it failed at {hi:.3g})"
-            if hi is not None
-            else f"{trial.capacity:.3g} requests/s per accelerator"
-        )
-        if metrics.get("capacity_inconsistent"):
-            text += "; inconsistent: a load above a failure passed twice"
-    return {
-        "rps_per_accel": trial.capacity,
-        "lo_rps_per_accel": metrics.get("capacity_lo_rps_per_accel"),
-        "hi_rps_per_accel": hi,
-        "censored": censored,
-        "inconsistent": bool(metrics.get("capacity_inconsistent")),
-        "text": text,
-        "measurements": "the trial's own capacity search (the verdict, when present, rests on the confirmation rounds)",
-    }
-
-
 def scrub(value: Any) -> Any:
     """`value` without prompt text or anything named like a secret (keys dropped, recursively)."""
     if isinstance(value, Mapping):
@@ -748,132 +428,6 @@ def scrub(value: Any) -> Any:
     if isinstance(value, list):
         return [scrub(v) for v in value]
     return value
-
-
-def scrub_uri(uri: str) -> str:
-    """A tracking URI without any user:password part."""
-    return re.sub(r"//[^/@]*@", "//", uri)
-
-
-# --- MLflow I/O -----------------------------------------------------------------------------------
-
-
-def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> SearchRecord:
-    """Read the latest search of `experiment` (the newest parent run that has trials) from MLflow.
-
-    Raises TrackingError when the experiment, a parent run, or its trials are missing.
-    """
-    from tuner.tracking import PARENT_TAG, experiment_id
-
-    found = client.get_experiment_by_name(experiment)
-    if found is None or found.lifecycle_stage == "deleted":
-        raise TrackingError(f"no MLflow experiment named {experiment!r} in {scrub_uri(client.tracking_uri)}")
-    exp_id = experiment_id(client, experiment, create=False)
-    parents = client.search_runs(
-        [exp_id],
-        filter_string=f"tags.{RUN_KIND_TAG} = '{RunKind.SEARCH}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=200,
-    )
-    if not parents:
-        raise TrackingError(f"experiment {experiment!r} has no search run (tag {RUN_KIND_TAG}={RunKind.SEARCH})")
-    for parent in parents:
-        runs = client.search_runs(
-            [exp_id],
-            filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
-            order_by=["attributes.start_time ASC"],
-            max_results=5000,
-        )
-        # Trials only: confirmation measurements repeat finalists and never enter the search's records.
-        runs = [r for r in runs if r.data.tags.get(RUN_KIND_TAG, RunKind.TRIAL.value) == RunKind.TRIAL.value]
-        if runs:
-            break
-    else:
-        raise TrackingError(f"experiment {experiment!r}: its search run {parents[0].info.run_id} has no trials")
-    documents = _documents(client, parent.info.run_id)
-    trials = tuple(_trial_row(client, run, with_steps) for run in runs)
-    objectives = _objectives(parent.data.params.get("objectives"), documents.get("search_config.yaml") or {})
-    return SearchRecord(
-        experiment=experiment,
-        parent_run_id=parent.info.run_id,
-        tracking_uri=client.tracking_uri,
-        slo=parent.data.tags.get("slo") or parent.data.params.get("slo") or "",
-        trials=trials,
-        objectives=objectives,
-        params=dict(parent.data.params),
-        config=documents.get("search_config.yaml") or {},
-        space=documents.get("search_space.yaml") or {},
-        workload=documents.get("workload.json") or {},
-        baseline=documents.get("baseline.json") or {},
-        status=parent.info.status,
-        verdict=documents.get("verdict.json") or {},
-    )
-
-
-def _documents(client: Any, run_id: str) -> dict[str, Any]:
-    names = ("search_config.yaml", "search_space.yaml", "workload.json", "baseline.json", "verdict.json")
-    out: dict[str, Any] = {}
-    present = {a.path for a in client.list_artifacts(run_id)}
-    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
-        for name in names:
-            if name not in present:
-                continue
-            try:
-                local = Path(client.download_artifacts(run_id, name, tmp))
-                text = local.read_text()
-                out[name] = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
-            except Exception:  # a missing or unreadable document only loses provenance
-                continue
-    return out
-
-
-@contextlib.contextmanager
-def _quiet_downloads():
-    """MLflow draws a progress bar per artifact download unless told not to; restore the setting after."""
-    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(name)
-    os.environ[name] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
-def _objectives(text: str | None, config: Mapping[str, Any]) -> tuple[Objective, ...]:
-    if text:
-        pairs = [part.split(":", 1) for part in text.split(",") if ":" in part]
-        if pairs and all(mode in ("max", "min") for mode, _ in pairs):
-            return tuple(cast(Objective, (metric, mode)) for mode, metric in pairs)
-    listed = config.get("objectives") if isinstance(config, Mapping) else None
-    if listed:
-        return tuple(cast(Objective, (o["metric"], o["mode"])) for o in listed)
-    return DEFAULT_OBJECTIVES
-
-
-def _trial_row(client: Any, run: Any, with_steps: bool) -> TrialRow:
-    metrics = dict(run.data.metrics)
-    steps: tuple[dict[str, float], ...] = ()
-    if with_steps:
-        by_step: dict[int, dict[str, float]] = {}
-        for key in (*STEP_METRICS, "capacity_rps_per_accel"):
-            if key not in metrics:
-                continue
-            for point in client.get_metric_history(run.info.run_id, key):
-                by_step.setdefault(int(point.step), {})[key] = float(point.value)
-        steps = tuple(by_step[s] for s in sorted(by_step))
-    tags = run.data.tags
-    return TrialRow(
-        trial_id=tags.get("trial_id") or run.info.run_name or run.info.run_id,
-        run_id=run.info.run_id,
-        status=tags.get("trial_status", "unknown"),
-        status_reason=tags.get("status_reason", ""),
-        params={k: coerce_param(v) for k, v in run.data.params.items()},
-        metrics=metrics,
-        steps=steps,
-    )
 
 
 def installed_versions() -> dict[str, Any]:

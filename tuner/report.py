@@ -20,16 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TrackingError
-from tuner.export import (
-    SearchRecord,
-    TrialRow,
-    confirmed_winner,
-    feasible_trials,
-    load_search,
-    pick_trial,
-    scrub_uri,
-)
 from tuner.pareto import non_dominated
+from tuner.recorded import SearchRecord, TrialRow, load_search, scrub_uri
+from tuner.selection import confirmed_winner, feasible_trials, pick_trial
 from tuner.slo import parse_slo
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
 

@@ -10,7 +10,8 @@ from collections import Counter
 
 import click
 
-from tuner.export import DEFAULT_IMAGE, PICKS
+from tuner.export import DEFAULT_IMAGE
+from tuner.selection import PICKS
 
 _URI_HELP = "MLflow tracking URI (default sqlite:///<repo>/reports/mlflow.db)."
 
@@ -118,7 +119,8 @@ def export(
     out_dir: str,
 ) -> None:
     """Write vllm-serve.yaml, serve-llm.yaml, rayservice.yaml and best.json for the best trial."""
-    from tuner.export import ExportOptions, capacity_summary, export_search
+    from tuner.export import ExportOptions, export_search
+    from tuner.selection import capacity_summary
 
     options = ExportOptions(
         model_uri=model_uri, target_accelerator=target_accelerator, host=host, port=port, image=image

@@ -18,21 +18,9 @@ import yaml
 from click.testing import CliRunner
 
 from tuner.errors import ExportError, TrackingError
-from tuner.export import (
-    ExportOptions,
-    SearchRecord,
-    TrialRow,
-    coerce_param,
-    deployment_for,
-    export_search,
-    judge,
-    load_search,
-    pick_trial,
-    rejudge,
-    scrub,
-    step_passes,
-    vllm_serve_config,
-)
+from tuner.export import ExportOptions, deployment_for, export_search, scrub, vllm_serve_config
+from tuner.recorded import SearchRecord, TrialRow, coerce_param, load_search
+from tuner.selection import judge, pick_trial, rejudge, step_passes
 from tuner.slo import parse_slo
 from tuner.tracking import MLFLOW_INFINITY
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from test_export import build_store, cli, standard_trials, trial
 
-from tuner.export import load_search
+from tuner.recorded import load_search
 from tuner.report import (
     build_report,
     comparison_table,
