@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
-from tuner.errors import EngineDied
+from tuner.errors import EngineDied, EngineError
 
 
 class StandInEngine:
@@ -41,7 +41,7 @@ class StandInEngine:
 
     async def start(self) -> dict:
         if self.fail_start:
-            raise RuntimeError(self.fail_start)
+            raise EngineError(self.fail_start)  # as the real engines do
         self.started = True
         return {"pid": 0}
 
