@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from tuner.errors import ConfigError, TunerError, validation_line
+from tuner.errors import ConfigError, validation_line
 from tuner.workload.canonical import write_canonical
 from tuner.workload.formats import FORMATS, load_workload
 from tuner.workload.records import Workload
@@ -20,20 +20,6 @@ from tuner.workload.synth import synthesize
 from tuner.workload.transforms import TransformSpec, apply_transforms
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def one_line_errors(command: F) -> F:
-    """Turn a TunerError into one `error: ...` line on stderr and exit code 2."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except TunerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            raise SystemExit(2) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def load_hf_tokenizer(name: str) -> Tokenizer:
@@ -168,7 +154,6 @@ def workload() -> None:
 @_load_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated arrivals.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@one_line_errors
 def inspect(
     file: str,
     trace_format: str,
@@ -205,7 +190,6 @@ def inspect(
 @click.option("--target-rate", type=float, help="Scale arrival times to this mean rate (req/s).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for anything random.")
 @click.option("--include-prompt-text", is_flag=True, help="Also write prompt text, if any.")
-@one_line_errors
 def convert(
     file: str,
     out: str,
@@ -282,7 +266,6 @@ def convert(
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Canonical JSONL to write.")
-@one_line_errors
 def synth(
     reference: str,
     trace_format: str,

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tuner.cli import main
 from tuner.workload import load_workload
-from tuner.workload.cli import workload
 
 MOONCAKE = "mooncake_conversation_first3000.jsonl"
 
 
 def run(*args: str) -> object:
-    return CliRunner().invoke(workload, [str(a) for a in args])
+    return CliRunner().invoke(main, ["workload", *(str(a) for a in args)])  # as `python -m tuner` runs it
 
 
 def test_inspect_json(traces: Path) -> None:
@@ -204,3 +204,13 @@ def test_synth_needs_count_or_duration(traces: Path, tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "exactly one of --duration or --count" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_debug_shows_the_traceback_for_workload_commands_too(tmp_path):
+    from tuner.errors import WorkloadError
+
+    missing = tmp_path / "missing.jsonl"
+    plain = run("inspect", missing)
+    assert plain.exit_code == 2 and plain.output.strip().startswith("error: ") and "Traceback" not in plain.output
+    debug = CliRunner().invoke(main, ["--debug", "workload", "inspect", str(missing)])
+    assert isinstance(debug.exception, WorkloadError), "with --debug the error is raised, not turned into one line"
