@@ -23,6 +23,7 @@ import yaml
 
 from tuner.errors import TrackingError
 from tuner.pareto import Objective
+from tuner.space import matches_baseline
 from tuner.vocabulary import RUN_KIND_TAG, STEP_METRICS, RunKind
 
 DEFAULT_OBJECTIVES: tuple[Objective, ...] = (
@@ -113,7 +114,7 @@ class SearchRecord:
         if not self.baseline:
             return self.trials[0] if self.trials else None
         for trial in self.trials:
-            if all(_same(trial.params.get(k), v) for k, v in self.baseline.items()):
+            if matches_baseline(trial.params, self.baseline):
                 return trial
         return None
 
@@ -125,12 +126,6 @@ def _get(tree: Mapping[str, Any], dotted: str) -> Any:
             return None
         node = node[key]
     return node
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
-    return a == b
 
 
 def coerce_param(text: Any) -> Any:

@@ -28,7 +28,15 @@ from tuner.confirm import ConfirmCost, ConfirmOutcome, run_confirmation
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
 from tuner.sampling import StepSample, sample_step
-from tuner.space import POOL_PARAMS, CategoricalParam, FloatParam, IntParam, SearchSpace, load_space
+from tuner.space import (
+    POOL_PARAMS,
+    CategoricalParam,
+    FloatParam,
+    IntParam,
+    SearchSpace,
+    load_space,
+    matches_baseline,
+)
 from tuner.tracking import (
     TrialOutcome,
     TrialTracker,
@@ -638,14 +646,7 @@ def _confirm(
 
 
 def _baseline_outcome(prepared: PreparedSearch, trials: list[TrialOutcome]) -> TrialOutcome | None:
-    return next(
-        (
-            t
-            for t in trials
-            if prepared.baseline and all(str(t.params.get(k)) == str(v) for k, v in prepared.baseline.items())
-        ),
-        None,
-    )
+    return next((t for t in trials if matches_baseline(t.params, prepared.baseline)), None)
 
 
 def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, tune_path: str) -> str:

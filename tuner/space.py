@@ -22,6 +22,7 @@ import difflib
 import math
 import operator
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -269,3 +270,16 @@ def load_space(ref: str | Path, *, known_engine_args: set[str] | None = None) ->
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
     return space
+
+
+def matches_baseline(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> bool:
+    """Whether a trial ran the baseline: every baseline param equal (numbers as numbers, so a float read back
+    from MLflow matches the one logged; anything else also by its text, as MLflow logs params)."""
+    return bool(baseline) and all(_same(params.get(key), value) for key, value in baseline.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    return a == b or str(a) == str(b)

@@ -254,3 +254,15 @@ def test_a_trial_that_failed_later_ranks_above_one_that_failed_earlier_at_a_late
         asha.on_trial_result(None, late, {"load_step": step, "slo_headroom": value, "phase": "climb"})
     rung4 = next(rung for milestone, rung in asha._trial_info["late"]._rungs if milestone == 4)
     assert rung4["late"] > rung4["early"]
+
+
+def test_the_baseline_is_matched_one_way_for_the_search_and_the_records():
+    from tuner.space import matches_baseline
+
+    baseline = {"max_num_seqs": 128, "gpu_memory_utilization": 0.92, "enable_prefix_caching": True}
+    assert matches_baseline({**baseline, "num_replicas": 1}, baseline)
+    # A float read back from MLflow, and a param logged as text, still match.
+    assert matches_baseline({**baseline, "gpu_memory_utilization": 0.9200000000001}, baseline)
+    assert matches_baseline({**baseline, "max_num_seqs": "128"}, baseline)
+    assert not matches_baseline({**baseline, "gpu_memory_utilization": 0.93}, baseline)
+    assert not matches_baseline(baseline, {}), "no baseline recorded: nothing is the baseline"
