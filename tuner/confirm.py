@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.capacity import CapacityPlan
-from tuner.tracking import TrialOutcome, capacity_text, experiment_id, measurable
+from tuner.tracking import TrialOutcome, capacity_text, close_confirm_run, open_confirm_run
 from tuner.verdict import Measurement, Verdict, decide
-from tuner.vocabulary import FEASIBLE_STATUSES, PARENT_TAG, RUN_KIND_TAG, RunKind, TrialStatus
+from tuner.vocabulary import FEASIBLE_STATUSES, TrialStatus
 
 if TYPE_CHECKING:
     from trainables.trial import TrialContext
@@ -137,7 +137,6 @@ def run_confirmation(
     if not chosen:
         notes.append("no trial other than the baseline passed a load step: nothing to confirm")
         return ConfirmOutcome(decide(measured, baseline.trial_id, notes=notes), measured, 0.0, 0, notes)
-    exp_id = experiment_id(client, experiment, create=True) if client is not None else None
     done = 0
     durations: list[float] = []
     # Where each config's next measurement starts: the trial's bracket, then the latest closed one.
@@ -152,13 +151,18 @@ def run_confirmation(
             trial = by_id[trial_id]
             plan = warm_plan(context.plan, start_from[trial_id], context.reference_rps, resolution)
             round_context = dataclasses.replace(context, plan=plan, seed=context.seed + 1000 * (index + 1))
-            run_id = _open_run(client, exp_id, parent_run_id, trial, index) if client is not None else ""
+            run_id = (
+                open_confirm_run(client, experiment, parent_run_id, trial_id, index + 1, dict(trial.params))
+                if client is not None
+                else ""
+            )
             measuring = time.monotonic()
             try:
                 result = measure(round_context, dict(trial.params), f"confirm{index + 1}-{trial_id}")
             except BaseException:
                 if client is not None:
-                    _close_run(client, run_id, TrialStatus.EARLY_STOPPED, "the search ended during this measurement")
+                    reason = "the search ended during this measurement"
+                    close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, reason)
                 raise
             durations.append(time.monotonic() - measuring)
             status = TrialStatus(str(result.get("trial_status", TrialStatus.COMPLETED)))
@@ -172,41 +176,10 @@ def run_confirmation(
                 start_from[trial_id] = {"capacity_rps_per_accel": capacity, "capacity_hi_rps_per_accel": measurement.hi}
             text = capacity_text(result, status)
             if client is not None:
-                client.log_batch(run_id, metrics=_metrics(result))
-                _close_run(client, run_id, status, str(result.get("status_reason", ""))[:5000])
+                close_confirm_run(client, run_id, result, status, str(result.get("status_reason", "")))
             progress(f"  confirm {trial_id} (round {index + 1}): {text}")
         done += 1
     if done < 2:
         notes.append(f"{done} confirmation round(s) done: an interval needs at least 2")
     verdict = decide(measured, baseline.trial_id, tie_key=tie_key, notes=notes)
     return ConfirmOutcome(verdict, measured, time.monotonic() - began, done, notes)
-
-
-def _open_run(client: Any, exp_id: str | None, parent: str, trial: TrialOutcome, index: int) -> str:
-    run = client.create_run(
-        exp_id,
-        run_name=f"confirm-{trial.trial_id}-r{index + 1}",
-        tags={
-            PARENT_TAG: parent,
-            RUN_KIND_TAG: RunKind.CONFIRM.value,
-            "confirms_trial": trial.trial_id,
-            "confirm_round": str(index + 1),
-            "trial_status": TrialStatus.RUNNING.value,
-        },
-    )
-    for key, value in trial.params.items():
-        client.log_param(run.info.run_id, key, value)
-    return str(run.info.run_id)
-
-
-def _close_run(client: Any, run_id: str, status: TrialStatus, reason: str) -> None:
-    client.set_tag(run_id, "trial_status", status.value)
-    client.set_tag(run_id, "status_reason", reason)
-    client.set_terminated(run_id, "FAILED" if status == TrialStatus.INFEASIBLE else "FINISHED")
-
-
-def _metrics(result: dict[str, Any]) -> list[Any]:
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    return [Metric(k, v, now, 0) for k, v in measurable(result).items()]

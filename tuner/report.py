@@ -881,7 +881,7 @@ def generate_report(
 
     Raises TrackingError when an experiment has no recorded search.
     """
-    from tuner.tracking import client_for
+    from tuner.tracking import attach_files, client_for
 
     if not experiments:
         raise TrackingError("give at least one --experiment")
@@ -896,7 +896,6 @@ def generate_report(
     logged = []
     if log_to_mlflow:
         for record in records:
-            client.log_artifact(record.parent_run_id, str(html_path))
-            client.log_artifact(record.parent_run_id, str(md_path))
+            attach_files(client, record.parent_run_id, [html_path, md_path])
             logged.append(record.parent_run_id)
     return ReportResult(html_path=html_path, markdown_path=md_path, logged_to=tuple(logged), records=records)

@@ -44,10 +44,12 @@ from tuner.tracking import (
     check_tracking_uri,
     client_for,
     default_tracking_uri,
-    experiment_id,
+    finish_search_run,
+    latest_search_run,
+    mark_resumed,
     start_parent_run,
 )
-from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, REPORTED_METRICS, RunKind, TrialStatus
+from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, REPORTED_METRICS, TrialStatus
 from tuner.workload.formats import load_workload
 from tuner.workload.records import Workload
 from tuner.workload.transforms import TransformSpec, apply_transforms
@@ -555,7 +557,7 @@ def _run(
     config_yaml = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
     if resume:
         parent, resumed_path = find_resumable(client, config.name)
-        client.set_tag(parent, "resumed_at", stamp)
+        mark_resumed(client, parent, stamp)
     else:
         parent = _new_parent(client, prepared, stamp, config_yaml, str(tune_path))
     tracker = TrialTracker(client, config.name, parent, progress=progress, total_trials=config.budget.num_samples)
@@ -832,16 +834,9 @@ def find_resumable(client, experiment: str) -> tuple[str, str]:
     """
     from ray import tune
 
-    exp_id = experiment_id(client, experiment, create=False)
-    runs = client.search_runs(
-        [exp_id],
-        filter_string=f"tags.run_kind = '{RunKind.SEARCH}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    if not runs:
+    run = latest_search_run(client, experiment)
+    if run is None:
         raise TrackingError(f"--resume: experiment {experiment!r} has no search to resume")
-    run = runs[0]
     if run.info.status == "FINISHED":
         raise TrackingError(
             f"--resume: the latest search of {experiment!r} (run {run.info.run_id}) "
@@ -873,26 +868,31 @@ def _finish(
         )
     )
     rows = [_row(t) for t in front]
-    client.log_dict(
-        parent,
-        {"objectives": [{"metric": m, "mode": d} for m, d in objectives], "slo": config.slo, "trials": rows},
-        "pareto.json",
-    )
-    client.log_dict(parent, {"trials": [_row(t) for t in trials]}, "trials.json")
-    try:
-        client.log_figure(parent, pareto_png(trials, front, objectives, config.slo), "pareto.png")
-    except Exception as error:  # a plot must never cost the search its records
-        client.set_tag(parent, "pareto_plot_error", str(error)[:500])
+    documents: dict[str, Any] = {
+        "pareto.json": {
+            "objectives": [{"metric": m, "mode": d} for m, d in objectives],
+            "slo": config.slo,
+            "trials": rows,
+        },
+        "trials.json": {"trials": [_row(t) for t in trials]},
+    }
+    tags: dict[str, str] = {}
     baseline = _baseline_outcome(prepared, trials)
     if baseline is not None:
-        client.set_tag(parent, "baseline_trial_id", baseline.trial_id)
-    counts = {s: sum(t.status == s for t in trials) for s in FINAL_STATUSES}
-    for key, value in counts.items():
-        client.log_metric(parent, f"trials_{key.value}", float(value))
+        tags["baseline_trial_id"] = baseline.trial_id
     if confirmation is not None:
-        client.log_dict(parent, confirmation_document(confirmation), "verdict.json")
-        client.set_tag(parent, "verdict", confirmation.verdict.text[:5000])
-    client.set_terminated(parent, status)
+        documents["verdict.json"] = confirmation_document(confirmation)
+        tags["verdict"] = confirmation.verdict.text
+    counts = {s: sum(t.status == s for t in trials) for s in FINAL_STATUSES}
+    finish_search_run(
+        client,
+        parent,
+        documents=documents,
+        figures={"pareto.png": lambda: pareto_png(trials, front, objectives, config.slo)},
+        tags=tags,
+        metrics={f"trials_{key.value}": float(value) for key, value in counts.items()},
+        status=status,
+    )
     return SearchOutcome(
         experiment=config.name,
         parent_run_id=parent,

@@ -1,7 +1,9 @@
-"""MLflow records of a search: one parent run per search, one nested run per trial, fronts as artifacts.
+"""MLflow records of a search, written here and nowhere else: one parent run per search, one nested run
+per trial (`TrialTracker`, a Ray Tune callback) and per confirmation measurement, fronts, the verdict
+and reports as the parent's artifacts. (`tuner.recorded` is where they are read back.)
 
-Only the search driver writes (through `TrialTracker`, a Ray Tune callback), so a SQLite store sees no
-concurrent writers. Prompt text never reaches MLflow: only params, metrics, tags and provenance.
+Only the search driver writes, so a SQLite store sees no concurrent writers. Prompt text never reaches
+MLflow: only params, metrics, tags and provenance.
 """
 
 from __future__ import annotations
@@ -358,3 +360,82 @@ def start_parent_run(
 def write_json(path: Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str))
+
+
+def mark_resumed(client, parent: str, stamp: str) -> None:
+    client.set_tag(parent, "resumed_at", stamp)
+
+
+def latest_search_run(client, experiment: str):
+    """The newest parent run (`run_kind=search`) of `experiment`, or None; TrackingError if the experiment
+    does not exist."""
+    exp_id = experiment_id(client, experiment, create=False)
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.{RUN_KIND_TAG} = '{RunKind.SEARCH}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def finish_search_run(
+    client,
+    parent: str,
+    *,
+    documents: dict[str, Any],
+    figures: dict[str, Callable[[], Any]],
+    tags: dict[str, str],
+    metrics: dict[str, float],
+    status: str,
+) -> None:
+    """Close the parent run: its JSON documents, figures (a figure that fails to draw is a tag, never a
+    lost record), tags and metrics, then its status."""
+    for name, document in documents.items():
+        client.log_dict(parent, document, name)
+    for name, draw in figures.items():
+        try:
+            client.log_figure(parent, draw(), name)
+        except Exception as error:  # a plot must never cost the search its records
+            client.set_tag(parent, f"{name.rsplit('.', 1)[0]}_plot_error", str(error)[:500])
+    for key, value in tags.items():
+        client.set_tag(parent, key, value[:5000])
+    for key, number in metrics.items():
+        client.log_metric(parent, key, float(number))
+    client.set_terminated(parent, status)
+
+
+def open_confirm_run(client, experiment: str, parent: str, trial_id: str, round_: int, params: dict[str, Any]) -> str:
+    """A nested run for one confirmation measurement of trial `trial_id` (`run_kind=confirm`); its id."""
+    run = client.create_run(
+        experiment_id(client, experiment, create=True),
+        run_name=f"confirm-{trial_id}-r{round_}",
+        tags={
+            PARENT_TAG: parent,
+            RUN_KIND_TAG: RunKind.CONFIRM.value,
+            "confirms_trial": trial_id,
+            "confirm_round": str(round_),
+            "trial_status": TrialStatus.RUNNING.value,
+        },
+    )
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, value)
+    return str(run.info.run_id)
+
+
+def close_confirm_run(client, run_id: str, result: dict[str, Any] | None, status: TrialStatus, reason: str) -> None:
+    """A confirmation measurement's final metrics (when it ended with a result), status and reason."""
+    from mlflow.entities import Metric
+
+    if result is not None:
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in measurable(result).items()])
+    client.set_tag(run_id, "trial_status", status.value)
+    client.set_tag(run_id, "status_reason", reason[:5000])
+    client.set_terminated(run_id, "FAILED" if status == TrialStatus.INFEASIBLE else "FINISHED")
+
+
+def attach_files(client, run_id: str, paths: list[Path]) -> None:
+    """Files (a report) as artifacts of a run."""
+    for path in paths:
+        client.log_artifact(run_id, str(path))
