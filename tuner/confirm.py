@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.capacity import CapacityPlan
-from tuner.tracking import TrialOutcome, capacity_text, close_confirm_run, open_confirm_run
+from tuner.recorded import TrialRow
+from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
 from tuner.verdict import Measurement, Verdict, decide
 from tuner.vocabulary import FEASIBLE_STATUSES, TrialStatus
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 REPEATABILITY_CV = 0.049
 
 
-def finalists(trials: Sequence[TrialOutcome], baseline: TrialOutcome | None, count: int) -> list[TrialOutcome]:
+def finalists(trials: Sequence[TrialRow], baseline: TrialRow | None, count: int) -> list[TrialRow]:
     """The `count` best trials under the SLO other than the baseline: highest capacity per accelerator,
     ties to the lower reference TTFT p95 (trials that passed no load are never finalists)."""
     candidates = [
@@ -105,8 +106,8 @@ Measure = Callable[["TrialContext", dict[str, Any], str], dict[str, Any]]
 def run_confirmation(
     *,
     context: TrialContext,
-    trials: Sequence[TrialOutcome],
-    baseline: TrialOutcome,
+    trials: Sequence[TrialRow],
+    baseline: TrialRow,
     count: int,
     rounds: int,
     resolution: float,

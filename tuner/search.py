@@ -27,6 +27,7 @@ from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
 from tuner.confirm import ConfirmCost, ConfirmOutcome, run_confirmation
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
+from tuner.recorded import TrialRow
 from tuner.sampling import StepSample, sample_step
 from tuner.space import (
     POOL_PARAMS,
@@ -38,7 +39,6 @@ from tuner.space import (
     matches_baseline,
 )
 from tuner.tracking import (
-    TrialOutcome,
     TrialTracker,
     active_tracker,
     check_tracking_uri,
@@ -83,10 +83,10 @@ class SearchOutcome:
     experiment: str
     parent_run_id: str
     tracking_uri: str
-    trials: list[TrialOutcome]
-    pareto: list[TrialOutcome]
+    trials: list[TrialRow]
+    pareto: list[TrialRow]
     wall_s: float
-    baseline: TrialOutcome | None = None
+    baseline: TrialRow | None = None
     notes: list[str] = field(default_factory=list)
     confirmation: ConfirmOutcome | None = None
 
@@ -618,7 +618,7 @@ def _confirm(
     rounds = config.confirm_rounds()
     if rounds == 0:
         return None
-    trials = list(tracker.outcomes.values())
+    trials = tracker.rows()
     baseline = _baseline_outcome(prepared, trials)
     if baseline is None:
         progress("confirmation skipped: the baseline was not measured in this search")
@@ -647,7 +647,7 @@ def _confirm(
     return confirmation
 
 
-def _baseline_outcome(prepared: PreparedSearch, trials: list[TrialOutcome]) -> TrialOutcome | None:
+def _baseline_outcome(prepared: PreparedSearch, trials: list[TrialRow]) -> TrialRow | None:
     return next((t for t in trials if matches_baseline(t.params, prepared.baseline)), None)
 
 
@@ -859,7 +859,7 @@ def _finish(
 ) -> SearchOutcome:
     config = prepared.config
     objectives = [(o.metric, o.mode) for o in config.objectives]
-    trials = list(tracker.outcomes.values())
+    trials = tracker.rows()
     comparable = [t for t in trials if t.status in FEASIBLE_STATUSES and t.metrics]
     front = [comparable[i] for i in non_dominated([t.metrics for t in comparable], objectives)]
     front.sort(
@@ -921,18 +921,18 @@ def confirmation_document(confirmation: ConfirmOutcome) -> dict[str, Any]:
     }
 
 
-def _row(outcome: TrialOutcome) -> dict[str, Any]:
+def _row(outcome: TrialRow) -> dict[str, Any]:
     return {
         "trial_id": outcome.trial_id,
         "run_id": outcome.run_id,
         "status": outcome.status,
-        "status_reason": outcome.reason,
+        "status_reason": outcome.status_reason,
         "params": outcome.params,
         "metrics": outcome.metrics,
     }
 
 
-def pareto_png(trials: list[TrialOutcome], front: list[TrialOutcome], objectives, slo: str):
+def pareto_png(trials: list[TrialRow], front: list[TrialRow], objectives, slo: str):
     """The static picture MLflow shows beside pareto.json (matplotlib, no browser needed): capacity against
     latency at the reference load, every comparable trial, the front highlighted. The report draws the
     interactive one from the recorded runs (`tuner.report.pareto_figure`)."""

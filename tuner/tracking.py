@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TrackingError
+from tuner.recorded import TrialRow
 from tuner.vocabulary import FINAL_STATUSES, PARENT_TAG, RUN_KIND_TAG, RunKind, TrialStatus
 
 # How MLflow's SQL stores write an infinite value (they cannot hold inf); the SLO's statistics are +inf
@@ -108,8 +109,9 @@ def measurable(result: dict[str, Any]) -> dict[str, float]:
 
 
 @dataclass
-class TrialOutcome:
-    """What the search knows of one trial when it ends."""
+class LiveTrial:
+    """What the tracker knows of a trial while results stream in (mutable, the tracker's own); `row()` is
+    the one record of a trial everything else uses (`tuner.recorded.TrialRow`, as read back from MLflow)."""
 
     trial_id: str
     run_id: str
@@ -119,6 +121,16 @@ class TrialOutcome:
     reason: str = ""
     steps: int = 0
     closed: bool = False
+
+    def row(self) -> TrialRow:
+        return TrialRow(
+            trial_id=self.trial_id,
+            run_id=self.run_id,
+            status=str(TrialStatus(self.status)),
+            status_reason=self.reason,
+            params=dict(self.params),
+            metrics=dict(self.metrics),
+        )
 
 
 # The tracker of the search running in this process. Tune pickles its callbacks and scheduler with the
@@ -159,7 +171,7 @@ class TrialTracker:
         self.parent_run_id = parent_run_id
         self.progress = progress
         self.total_trials = total_trials
-        self.outcomes: dict[str, TrialOutcome] = {}
+        self.outcomes: dict[str, LiveTrial] = {}
         self.stopped_by_scheduler: dict[str, str] = {}
         self._started = time.monotonic()
         tracker = self
@@ -184,6 +196,10 @@ class TrialTracker:
         self.callback = _Callback()
         _ACTIVE["tracker"] = self
 
+    def rows(self) -> list[TrialRow]:
+        """Every trial so far, as the one record of a trial."""
+        return [outcome.row() for outcome in self.outcomes.values()]
+
     def adopt_runs(self, reason: str) -> tuple[int, int]:
         """On resume: take over the trial runs already under the parent run. Runs of trials that were
         interrupted are closed as early_stopped with `reason` (their trials are not rerun).
@@ -203,7 +219,7 @@ class TrialTracker:
             if not trial_id:
                 continue
             status = run.data.tags.get("trial_status", TrialStatus.RUNNING.value)
-            outcome = TrialOutcome(
+            outcome = LiveTrial(
                 trial_id,
                 run.info.run_id,
                 dict(run.data.params),
@@ -237,7 +253,7 @@ class TrialTracker:
         )
         for key, value in params.items():
             self.client.log_param(run.info.run_id, key, value)
-        self.outcomes[trial_id] = TrialOutcome(trial_id, run.info.run_id, params)
+        self.outcomes[trial_id] = LiveTrial(trial_id, run.info.run_id, params)
         number = len(self.outcomes)
         total = f"/{self.total_trials}" if self.total_trials else ""
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in params.items() if not isinstance(v, bool))
@@ -301,7 +317,7 @@ class TrialTracker:
                     outcome.status, outcome.reason = TrialStatus.EARLY_STOPPED, reason
                 self._close(outcome)
 
-    def _close(self, outcome: TrialOutcome) -> None:
+    def _close(self, outcome: LiveTrial) -> None:
         run_id = outcome.run_id
         status = TrialStatus(outcome.status)
         self.client.set_tag(run_id, "trial_status", status.value)

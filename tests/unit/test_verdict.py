@@ -19,7 +19,7 @@ from stand_in import JumpEngine
 
 from tuner.capacity import CapacityPlan, Observation, bracket, next_step
 from tuner.confirm import REPEATABILITY_CV, finalists, run_confirmation, schedule, warm_plan
-from tuner.tracking import TrialOutcome
+from tuner.recorded import TrialRow
 from tuner.verdict import Measurement, compare, decide, detection_power, rounds_for
 
 REF = 5.3
@@ -168,11 +168,11 @@ def test_rounds_rotate_the_order_and_warm_plans_start_at_the_trials_capacity():
     assert nothing.start_factor == SEARCH_PLAN.min_factor
 
 
-def _outcome(trial_id: str, capacity: float, hi: float | None, status: str = "completed", **params) -> TrialOutcome:
+def _outcome(trial_id: str, capacity: float, hi: float | None, status: str = "completed", **params) -> TrialRow:
     metrics = {"capacity_rps_per_accel": capacity, "ref_ttft_p95_s": 0.05, "num_accelerators": 1.0}
     if hi is not None:
         metrics["capacity_hi_rps_per_accel"] = hi
-    return TrialOutcome(trial_id, f"run-{trial_id}", params, metrics, status)
+    return TrialRow(trial_id, f"run-{trial_id}", status, params=params, metrics=metrics)
 
 
 def test_finalists_are_the_best_feasible_trials_other_than_the_baseline():
