@@ -134,8 +134,11 @@ def print_summary(outcome) -> None:
     console = Console()
     console.width = max(console.width, 150)
     counts = {s: sum(t.status == s for t in outcome.trials) for s in FINAL_STATUSES}
+    confirming = outcome.confirmation.wall_s if outcome.confirmation is not None else 0.0
     console.print(
-        f"\n{len(outcome.trials)} trials in {outcome.wall_s / 60:.1f} min: "
+        f"\n{len(outcome.trials)} trials in {(outcome.wall_s - confirming) / 60:.1f} min"
+        + (f", then {confirming / 60:.1f} min of confirmation" if outcome.confirmation is not None else "")
+        + ": "
         + ", ".join(f"{v} {k.value.replace('_', ' ')}" for k, v in counts.items())
     )
     table = Table(title="Pareto-optimal configs (capacity per accelerator vs latency at the reference load)")
@@ -184,7 +187,8 @@ def print_summary(outcome) -> None:
         console.print("no confirmation phase: the trials above are one measurement each (see the README)")
     console.print(
         f"MLflow: {outcome.tracking_uri}  experiment {outcome.experiment!r}, "
-        f"parent run {outcome.parent_run_id} (pareto.json, pareto.png)"
+        f"parent run {outcome.parent_run_id} (pareto.json, pareto.png"
+        + (", verdict.json)" if outcome.confirmation is not None else ")")
     )
 
 
