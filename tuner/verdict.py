@@ -100,47 +100,20 @@ def compare(
     pairs = list(zip(finalist, baseline, strict=True))
     n = len(pairs)
     shown = f"{confidence:.3g}".removeprefix("0.")
+
+    def no_ratio(text: str, distinguishable: bool = False) -> Comparison:
+        return Comparison(trial_id, n, confidence, None, None, None, distinguishable, text)
+
     if n < 2:
-        return Comparison(
-            trial_id, n, confidence, None, None, None, False, f"{n} confirmation round(s): too few for an interval"
-        )
+        return no_ratio(f"{n} confirmation round(s): too few for an interval")
     if all(b.zero for _, b in pairs):
         if all(not f.zero for f, _ in pairs):
-            return Comparison(
-                trial_id,
-                n,
-                confidence,
-                None,
-                None,
-                None,
-                True,
-                "the baseline fails the SLO at every load tried in every round; this config passes",
-            )
-        return Comparison(
-            trial_id, n, confidence, None, None, None, False, "both fail the SLO at every load tried in some round"
-        )
+            return no_ratio("the baseline fails the SLO at every load tried in every round; this config passes", True)
+        return no_ratio("both fail the SLO at every load tried in some round")
     if any(f.zero or b.zero for f, b in pairs):
-        return Comparison(
-            trial_id,
-            n,
-            confidence,
-            None,
-            None,
-            None,
-            False,
-            "a capacity of 0 in some round (failed at every load tried): no ratio",
-        )
+        return no_ratio("a capacity of 0 in some round (failed at every load tried): no ratio")
     if any(b.censored for _, b in pairs):
-        return Comparison(
-            trial_id,
-            n,
-            confidence,
-            None,
-            None,
-            None,
-            False,
-            "the baseline passed the highest load tried: its capacity is only a lower bound, no ratio",
-        )
+        return no_ratio("the baseline passed the highest load tried: its capacity is only a lower bound, no ratio")
     d = [f.log_point() - b.log_point() for f, b in pairs]
     mean = sum(d) / n
     sample_var = sum((x - mean) ** 2 for x in d) / (n - 1)

@@ -14,7 +14,7 @@ from stand_in import StandInEngine
 from trainables.protocol import Finished, FirstToken, GenerateRequest
 
 
-def _spec(serving: str):
+def _spec(serving: str, **overrides):
     from trainables.vllm_engine import EngineSpec
     from tuner.tiny_model import ensure_tiny_model
 
@@ -29,6 +29,7 @@ def _spec(serving: str):
             "kv_cache_memory_bytes": 16 << 20,
             "distributed_executor_backend": "uni",
             "disable_log_stats": False,
+            **overrides,
         },
         serving=serving,
     )

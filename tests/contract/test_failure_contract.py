@@ -19,6 +19,7 @@ import signal
 
 import pytest
 from stand_in import StandInEngine
+from test_engine_contract import _spec
 
 from trainables.pool import proves_death
 from trainables.protocol import Finished, GenerateRequest
@@ -30,24 +31,6 @@ KINDS = [
     pytest.param("vllm-server", marks=pytest.mark.integration),
     pytest.param("ray-replica", marks=pytest.mark.integration),
 ]
-
-
-def _spec(serving: str, **overrides):
-    from trainables.vllm_engine import EngineSpec
-    from tuner.tiny_model import ensure_tiny_model
-
-    args = {
-        "model": str(ensure_tiny_model()),
-        "skip_tokenizer_init": True,
-        "enforce_eager": True,
-        "max_model_len": 1024,
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 512,
-        "kv_cache_memory_bytes": 16 << 20,
-        "distributed_executor_backend": "uni",
-        **overrides,
-    }
-    return EngineSpec(engine_args=args, serving=serving)
 
 
 @pytest.fixture(scope="module")
