@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.capacity import CapacityPlan
 from tuner.recorded import TrialRow
+from tuner.selection import feasible_trials
 from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
 from tuner.verdict import Measurement, Verdict, decide
-from tuner.vocabulary import FEASIBLE_STATUSES, TrialStatus
+from tuner.vocabulary import TrialStatus
 
 if TYPE_CHECKING:
     from trainables.trial import TrialContext
@@ -35,11 +36,7 @@ REPEATABILITY_CV = 0.049
 def finalists(trials: Sequence[TrialRow], baseline: TrialRow | None, count: int) -> list[TrialRow]:
     """The `count` best trials under the SLO other than the baseline: highest capacity per accelerator,
     ties to the lower reference TTFT p95 (trials that passed no load are never finalists)."""
-    candidates = [
-        t
-        for t in trials
-        if t is not baseline and t.status in FEASIBLE_STATUSES and t.metrics.get("capacity_rps_per_accel", 0) > 0
-    ]
+    candidates = [t for t in feasible_trials(trials) if t is not baseline]
     candidates.sort(
         key=lambda t: (-t.metrics.get("capacity_rps_per_accel", 0), t.metrics.get("ref_ttft_p95_s", math.inf))
     )
@@ -182,5 +179,7 @@ def run_confirmation(
         done += 1
     if done < 2:
         notes.append(f"{done} confirmation round(s) done: an interval needs at least 2")
-    verdict = decide(measured, baseline.trial_id, tie_key=tie_key, notes=notes)
+    verdict = decide(
+        measured, baseline.trial_id, tie_key=tie_key, notes=notes, baseline_feasible=bool(feasible_trials([baseline]))
+    )
     return ConfirmOutcome(verdict, measured, time.monotonic() - began, done, notes)

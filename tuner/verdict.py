@@ -155,6 +155,7 @@ class Verdict:
     rounds: int = 0
     confidence: float = CONFIDENCE
     notes: tuple[str, ...] = field(default_factory=tuple)
+    reason: str = ""  # why the baseline gave way without being beaten distinguishably ("" otherwise)
 
     @property
     def distinguishable(self) -> bool:
@@ -162,6 +163,8 @@ class Verdict:
 
     @property
     def text(self) -> str:
+        if self.reason:
+            return self.reason + (f" ({self.best.text})" if self.best is not None else "")
         if self.best is None:
             return "no finalist could be compared with the baseline" + (
                 f" ({'; '.join(self.notes)})" if self.notes else ""
@@ -189,6 +192,7 @@ class Verdict:
             "text": self.text,
             "comparisons": [c.as_dict() for c in self.comparisons],
             "notes": list(self.notes),
+            "reason": self.reason,
         }
 
 
@@ -199,20 +203,32 @@ def decide(
     tie_key: Mapping[str, tuple[float, float]] | None = None,
     confidence: float = CONFIDENCE,
     notes: Sequence[str] = (),
+    baseline_feasible: bool = True,
 ) -> Verdict:
-    """The verdict from every config's confirmation measurements (`measurements[baseline]` included).
+    """The verdict from every config's confirmation measurements (`measurements[baseline]` included;
+    finalists in the search's order, best first).
 
     Each finalist is compared with the baseline at confidence 1 - (1 - `confidence`) / k for k
     finalists. The best finalist is the one with the highest confirmed ratio; finalists whose
     intervals overlap its interval are tied with it, and `tie_key` (trial id -> (accelerators,
     reference TTFT p95)) picks among them. Nothing displaces the baseline unless it beats it
-    distinguishably.
+    distinguishably, as long as the baseline holds the SLO: a baseline that failed at every load tried
+    in its trial (`baseline_feasible` False) or in a confirmation round gives way to the finalist that
+    passed in every round with the highest capacity (without one, to the best finalist when the
+    baseline's trial failed, since a config that never passed cannot be recommended).
     """
     finalists = [t for t in measurements if t != baseline]
     base = list(measurements.get(baseline, ()))
     rounds = len(base)
-    if not finalists or rounds == 0:
-        return Verdict(baseline, baseline, (), None, rounds=rounds, confidence=confidence, notes=tuple(notes))
+    notes = tuple(notes)
+    if not finalists:
+        return Verdict(baseline, baseline, (), None, rounds=rounds, confidence=confidence, notes=notes)
+    failed = _failures(base, baseline_feasible)
+    if rounds == 0:
+        if baseline_feasible:
+            return Verdict(baseline, baseline, (), None, rounds=0, confidence=confidence, notes=notes)
+        reason = f"the baseline failed the SLO at every load tried in {failed}; the search's best trial is unconfirmed"
+        return Verdict(finalists[0], baseline, (), None, rounds=0, confidence=confidence, notes=notes, reason=reason)
     each = 1 - (1 - confidence) / len(finalists)
     comparisons = tuple(
         compare(t, measurements[t][:rounds], base[: len(measurements[t])], confidence=each) for t in finalists
@@ -225,7 +241,9 @@ def decide(
 
     best = max(comparisons, key=strength)
     if not (best.distinguishable and (best.ratio is None or best.ratio > 1)):
-        return Verdict(baseline, baseline, comparisons, best, rounds=rounds, confidence=confidence, notes=tuple(notes))
+        if not failed:
+            return Verdict(baseline, baseline, comparisons, best, rounds=rounds, confidence=confidence, notes=notes)
+        return _without_baseline(measurements, comparisons, best, baseline, failed, rounds, confidence, notes)
     tied = [c for c in comparisons if c is not best and _overlap(c, best)]
     group = [best, *tied]
     if tie_key:
@@ -239,7 +257,59 @@ def decide(
         tied_with=tuple(c.trial_id for c in group[1:]),
         rounds=rounds,
         confidence=confidence,
-        notes=tuple(notes),
+        notes=notes,
+    )
+
+
+def _failures(base: Sequence[Measurement], baseline_feasible: bool) -> str:
+    """Where the baseline failed the SLO at every load tried ("" when nowhere): its trial, rounds."""
+    where = [] if baseline_feasible else ["its trial"]
+    zero = [str(m.round or i + 1) for i, m in enumerate(base) if m.zero]
+    if zero:
+        where.append(("round " if len(zero) == 1 else "rounds ") + ", ".join(zero))
+    return " and ".join(where)
+
+
+def _without_baseline(
+    measurements: Mapping[str, Sequence[Measurement]],
+    comparisons: Sequence[Comparison],
+    best: Comparison,
+    baseline: str,
+    failed: str,
+    rounds: int,
+    confidence: float,
+    notes: tuple[str, ...],
+) -> Verdict:
+    """The verdict when the baseline did not hold the SLO and no finalist beat it distinguishably."""
+    held = [c for c in comparisons if not any(m.zero for m in measurements[c.trial_id][:rounds])]
+
+    def level(c: Comparison) -> float:  # mean log capacity over the rounds: they were measured side by side
+        points = [m.log_point() for m in measurements[c.trial_id][:rounds]]
+        return sum(points) / len(points)
+
+    if held:
+        winner = max(held, key=level)
+        reason = (
+            f"the baseline failed the SLO at every load tried in {failed}; "
+            f"{winner.trial_id} passed a load step in every round"
+        )
+    elif "its trial" in failed:
+        winner = best
+        reason = (
+            f"the baseline failed the SLO at every load tried in {failed}; no finalist passed in every round, "
+            f"{winner.trial_id} is the best of them"
+        )
+    else:
+        return Verdict(baseline, baseline, tuple(comparisons), best, rounds=rounds, confidence=confidence, notes=notes)
+    return Verdict(
+        winner.trial_id,
+        baseline,
+        tuple(comparisons),
+        winner,
+        rounds=rounds,
+        confidence=confidence,
+        notes=notes,
+        reason=reason,
     )
 
 

@@ -84,6 +84,35 @@ def test_the_baseline_is_kept_unless_beaten_and_ties_go_by_the_stated_rule():
     assert verdict.as_dict()["confidence"] == 0.95
 
 
+def test_a_baseline_that_failed_in_its_trial_is_not_kept_on_a_tie():
+    # Its trial passed no load step, so no export can recommend it: a finalist that held in every round wins.
+    measured = {"a": [_m(31, 34)] * 3, "b": [_m(33, 36), _m(0, 20), _m(33, 36)], "base": [_m(30, 33)] * 3}
+    verdict = decide(measured, "base", baseline_feasible=False)
+    assert verdict.winner == "a" and verdict.best is not None and verdict.best.trial_id == "a"
+    assert not verdict.distinguishable, "no interval excludes 1: the baseline gave way, it was not beaten"
+    assert verdict.text.startswith("the baseline failed the SLO at every load tried in its trial; a passed")
+    assert verdict.as_dict()["reason"] and verdict.as_dict()["winner"] == "a"
+    # The same measurements with a baseline that passed in its trial: it is kept.
+    assert decide(measured, "base").winner == "base"
+
+
+def test_a_baseline_that_failed_a_round_gives_way_to_a_finalist_that_held_every_round():
+    verdict = decide({"a": [_m(31, 34)] * 3, "base": [_m(30, 33), _m(0, 20), _m(30, 33)]}, "base")
+    assert verdict.winner == "a" and "in round 2; a passed a load step in every round" in verdict.text
+    # Both failed some round: the baseline stays while its trial passed, and gives way when it did not.
+    both = {"a": [_m(0, 20), _m(31, 34), _m(31, 34)], "base": [_m(30, 33), _m(0, 20), _m(30, 33)]}
+    assert decide(both, "base").winner == "base"
+    fallback = decide(both, "base", baseline_feasible=False)
+    assert fallback.winner == "a" and "no finalist passed in every round" in fallback.text
+
+
+def test_no_round_done_keeps_the_baseline_only_if_its_trial_passed():
+    empty: dict[str, list[Measurement]] = {"a": [], "b": [], "base": []}
+    assert decide(empty, "base").winner == "base"
+    unconfirmed = decide(empty, "base", baseline_feasible=False)
+    assert unconfirmed.winner == "a" and "unconfirmed" in unconfirmed.text
+
+
 # --- error rates over seeds -------------------------------------------------------------------------------
 
 
@@ -264,3 +293,30 @@ def _context_stub():
     from test_trial_runner import _context
 
     return _context()
+
+
+def test_a_baseline_whose_trial_failed_is_never_the_recommendation_the_export_cannot_make():
+    """The baseline's trial passed no load step (say its first step's TPOT was over): however its
+    confirmation rounds go, the verdict recommends a feasible trial, which is what the export exports."""
+    from tuner.selection import feasible_trials
+
+    base, finalist = _outcome("base", 0, 10, status="infeasible"), _outcome("fast", 20, 22)
+
+    def measure(context, params, trial_id):  # both measure alike: no interval excludes 1
+        return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
+
+    outcome = run_confirmation(
+        context=_context_stub(),
+        trials=[base, finalist],
+        baseline=base,
+        count=1,
+        rounds=2,
+        resolution=0.1,
+        measure=measure,
+        progress=lambda line: None,
+    )
+    assert outcome.verdict.best is not None and not outcome.verdict.best.distinguishable
+    assert outcome.verdict.winner == "fast" and outcome.verdict.winner in {
+        t.trial_id for t in feasible_trials([base, finalist])
+    }
+    assert outcome.verdict.text.startswith("the baseline failed the SLO at every load tried in its trial")
