@@ -206,11 +206,13 @@ def _show(value) -> str:
 
 def _register_subcommands() -> None:
     from tuner.report_cli import export, report
+    from tuner.validate_cli import validate
     from tuner.workload.cli import workload
 
     main.add_command(workload, "workload")
     main.add_command(report, "report")
     main.add_command(export, "export")
+    main.add_command(validate, "validate")
 
 
 _register_subcommands()

@@ -6,7 +6,8 @@ TunerError
  ├── EngineError      a vLLM engine would not start or crashed
  │    └── EngineDied  a replica's engine or server is gone: the replica is dead, not one request
  ├── TrackingError    MLflow holds no usable record for the request
- └── ExportError      no trial can be exported
+ ├── ExportError      no trial can be exported
+ └── StackError       a serving stack under validation could not start or be measured (exit 3)
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class TrackingError(TunerError):
 
 class ExportError(TunerError):
     """No trial can be exported (none feasible, or none meets the SLO)."""
+
+
+class StackError(TunerError):
+    """A serving stack under validation (vLLM's server, Ray Serve) could not start or be measured: the
+    validation has no verdict, and `tuner validate` exits 3 with the stack's own message."""
 
 
 def validation_line(error: ValidationError) -> str:

@@ -8,6 +8,7 @@ trial chosen by `tuner.selection`; rendering here is pure functions over those r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ExportError
+from tuner.plan import DEFAULT_HEADROOM, ReplicaPlan, replica_plan
 from tuner.recorded import SearchRecord, TrialRow, coerce_param, load_search, scrub_uri
 from tuner.selection import (
     PICKS,
@@ -31,6 +33,10 @@ from tuner.selection import (
 from tuner.space import POOL_PARAMS
 from tuner.vllm_args import serve_options
 
+NO_PLAN = (
+    "No replica plan: the search recorded no rate profile of its workload; give --target-rps to plan one "
+    "(the replica count is the trial's)."
+)
 # Ray Serve's own health-check defaults, and its failure threshold, which no config can change.
 SERVE_HEALTH_PERIOD_S = 10.0
 SERVE_HEALTH_TIMEOUT_S = 30.0
@@ -66,6 +72,8 @@ class ExportOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     image: str = DEFAULT_IMAGE
+    headroom: float = DEFAULT_HEADROOM  # the replica plan's operating point: capacity x (1 - headroom)
+    target_rps: float | None = None  # plan for this rate instead of the workload's rate profile
 
 
 @dataclass(frozen=True)
@@ -86,10 +94,15 @@ class Deployment:
     host: str
     port: int
     image: str
+    autoscaling: Mapping[str, Any] | None = None  # Ray Serve's autoscaling_config (then num_replicas is the minimum)
+    plan: ReplicaPlan | None = None
 
 
-def deployment_for(record: SearchRecord, trial: TrialRow, options: ExportOptions) -> Deployment:
-    """Translate a trial's params into a deployment; on CPU the KV fraction becomes bytes of KV cache."""
+def deployment_for(
+    record: SearchRecord, trial: TrialRow, options: ExportOptions, plan: ReplicaPlan | None = None
+) -> Deployment:
+    """Translate a trial's params into a deployment; on CPU the KV fraction becomes bytes of KV cache. With
+    a replica plan, the replica count (or Ray Serve's autoscaling range) is the plan's, not the trial's."""
     args: dict[str, Any] = dict(MEASURED_ENGINE_DEFAULTS)
     if record.max_model_len:
         args["max_model_len"] = record.max_model_len
@@ -102,12 +115,15 @@ def deployment_for(record: SearchRecord, trial: TrialRow, options: ExportOptions
     period = params.get("heartbeat_period_s")
     timeout = params.get("heartbeat_timeout_s")
     threshold = params.get("failure_threshold")
+    replicas = int(params.get("num_replicas", 1) or 1)
+    if plan is not None:
+        replicas = plan.min_replicas if plan.autoscales else plan.max_replicas
     return Deployment(
         model_source=options.model_uri or record.model,
         served_name=options.model_uri or record.experiment,
         device=record.device,
         engine_args=args,
-        num_replicas=int(params.get("num_replicas", 1) or 1),
+        num_replicas=replicas,
         health_check_period_s=float(period) if period is not None else SERVE_HEALTH_PERIOD_S,
         health_check_timeout_s=float(timeout) if timeout is not None else SERVE_HEALTH_TIMEOUT_S,
         searched_failure_threshold=int(threshold) if threshold is not None else None,
@@ -117,6 +133,8 @@ def deployment_for(record: SearchRecord, trial: TrialRow, options: ExportOptions
         host=options.host,
         port=options.port,
         image=options.image,
+        autoscaling=plan.autoscaling_config() if plan is not None else None,
+        plan=plan,
     )
 
 
@@ -147,7 +165,13 @@ def render_vllm_serve(deployment: Deployment, header: Sequence[str]) -> str:
             "enforce-eager as in the search's measurements (no CUDA graphs / compilation); dropping it "
             "may be faster but was not measured."
         )
-    if deployment.num_replicas > 1:
+    if deployment.plan is not None:
+        lines.append(
+            f"One server is one replica: the plan needs {deployment.plan.min_replicas}"
+            + (f"-{deployment.plan.max_replicas}" if deployment.plan.autoscales else "")
+            + " behind a load balancer (or deploy serve-llm.yaml, which scales them)."
+        )
+    elif deployment.num_replicas > 1:
         lines.append(
             f"Measured with {deployment.num_replicas} replicas: run {deployment.num_replicas} such "
             "servers behind a load balancer, or deploy serve-llm.yaml."
@@ -171,8 +195,14 @@ def serve_llm_config(deployment: Deployment) -> dict[str, Any]:
             "bundles": [{"CPU": deployment.cpu_cores_per_replica}] * deployment.tensor_parallel_size
         }
     llm["engine_kwargs"] = dict(deployment.engine_args)
+    # Ray Serve rejects num_replicas beside autoscaling_config.
+    scaling = (
+        {"autoscaling_config": dict(deployment.autoscaling)}
+        if deployment.autoscaling
+        else {"num_replicas": deployment.num_replicas}
+    )
     llm["deployment_config"] = {
-        "num_replicas": deployment.num_replicas,
+        **scaling,
         "health_check_period_s": deployment.health_check_period_s,
         "health_check_timeout_s": deployment.health_check_timeout_s,
     }
@@ -180,7 +210,15 @@ def serve_llm_config(deployment: Deployment) -> dict[str, Any]:
 
 
 def serve_config(deployment: Deployment, *, app_name: str, host: str | None = None) -> dict[str, Any]:
-    """The Serve config file mapping (`serve run` / `serve deploy`), one OpenAI-compatible application."""
+    """The Serve config file mapping (`serve run` / `serve deploy`), one OpenAI-compatible application.
+
+    On CPU the OpenAI ingress asks for no CPU of its own (Serve's default is 1): the engine's cores are
+    reserved by its placement bundle, as the search measured it, and the ingress shares the rest with
+    Serve's proxy. Asking for a whole core left the ingress unscheduled on a 2-core machine forever.
+    """
+    args: dict[str, Any] = {"llm_configs": [serve_llm_config(deployment)]}
+    if deployment.device == "cpu" and not deployment.target_accelerator:
+        args["ingress_deployment_config"] = {"ray_actor_options": {"num_cpus": 0}}
     return {
         "http_options": {"host": host or deployment.host, "port": deployment.port},
         "applications": [
@@ -188,7 +226,7 @@ def serve_config(deployment: Deployment, *, app_name: str, host: str | None = No
                 "name": app_name,
                 "route_prefix": "/",
                 "import_path": "ray.serve.llm:build_openai_app",
-                "args": {"llm_configs": [serve_llm_config(deployment)]},
+                "args": args,
             }
         ],
     }
@@ -249,11 +287,12 @@ def rayservice_manifest(deployment: Deployment, serve_yaml: str, *, name: str, r
             }
         },
     }
+    most = int(deployment.autoscaling["max_replicas"]) if deployment.autoscaling else deployment.num_replicas
     worker = {
         "groupName": "llm-workers",
         "replicas": deployment.num_replicas,
         "minReplicas": deployment.num_replicas,
-        "maxReplicas": deployment.num_replicas,
+        "maxReplicas": most,
         "rayStartParams": {},
         "template": {
             "spec": {
@@ -275,6 +314,8 @@ def rayservice_manifest(deployment: Deployment, serve_yaml: str, *, name: str, r
             "serveConfigV2": serve_yaml,
             "rayClusterConfig": {
                 "rayVersion": ray_version,
+                # One worker pod per replica; with Serve autoscaling, KubeRay adds and removes them.
+                **({"enableInTreeAutoscaling": True} if most > deployment.num_replicas else {}),
                 "headGroupSpec": head,
                 "workerGroupSpecs": [worker],
             },
@@ -385,10 +426,12 @@ def best_document(
         "metrics": dict(trial.metrics),
         "capacity": capacity_summary(trial),
         "verdict": verdict_summary(record, trial, rejudged=rejudged),
+        "plan": deployment.plan.as_dict() if deployment.plan is not None else {"note": NO_PLAN},
         "steps": steps,
         "deployment": {
             "engine_args": dict(deployment.engine_args),
             "num_replicas": deployment.num_replicas,
+            "autoscaling_config": dict(deployment.autoscaling) if deployment.autoscaling else None,
             "health_check_period_s": deployment.health_check_period_s,
             "health_check_timeout_s": deployment.health_check_timeout_s,
             "serve_failure_threshold": SERVE_FAILURE_THRESHOLD,
@@ -534,7 +577,10 @@ def render_export(
     versions: Mapping[str, Any],
 ) -> dict[str, str]:
     """The four files' contents, by file name."""
-    deployment = deployment_for(record, trial, options)
+    # The verdict's confirmation measurements judged the recorded SLO: a re-judged export plans from the trial.
+    planned_from = dataclasses.replace(record, verdict={}) if rejudged else record
+    plan = replica_plan(planned_from, trial, headroom=options.headroom, target_rps=options.target_rps)
+    deployment = deployment_for(record, trial, options, plan)
     header = [
         f"Exported by vllm-tuner {versions.get('vllm-tuner', '')} from experiment {record.experiment!r}, "
         f"trial {trial.trial_id} (MLflow run {trial.run_id}), pick {pick}.",
@@ -548,6 +594,7 @@ def render_export(
             + (f" ({verdict['note']})" if verdict.get("note") else "")
             + "."
         )
+    header += plan.lines() if plan is not None else [NO_PLAN]
     ray_version = (
         (versions.get("ray") or {}).get("version", "2.60.0") if isinstance(versions.get("ray"), Mapping) else "2.60.0"
     )

@@ -71,6 +71,7 @@ class SearchRecord:
     baseline: Mapping[str, Any] = field(default_factory=dict)
     status: str = "FINISHED"  # the parent run's: RUNNING while the search goes on
     verdict: Mapping[str, Any] = field(default_factory=dict)  # verdict.json of the confirmation phase, if any
+    validation: Mapping[str, Any] = field(default_factory=dict)  # validation.json of the latest `tuner validate`
 
     @property
     def model(self) -> str:
@@ -177,6 +178,7 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
             order_by=["attributes.start_time ASC"],
             max_results=5000,
         )
+        validations = [r for r in runs if r.data.tags.get(RUN_KIND_TAG) == RunKind.VALIDATE.value]
         # Trials only: confirmation measurements repeat finalists and never enter the search's records.
         runs = [r for r in runs if r.data.tags.get(RUN_KIND_TAG, RunKind.TRIAL.value) == RunKind.TRIAL.value]
         if runs:
@@ -200,11 +202,18 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
         baseline=documents.get("baseline.json") or {},
         status=parent.info.status,
         verdict=documents.get("verdict.json") or {},
+        validation=(
+            _documents(client, validations[-1].info.run_id, ("validation.json",)).get("validation.json") or {}
+            if validations
+            else {}
+        ),
     )
 
 
-def _documents(client: Any, run_id: str) -> dict[str, Any]:
-    names = ("search_config.yaml", "search_space.yaml", "workload.json", "baseline.json", "verdict.json")
+_PARENT_DOCUMENTS = ("search_config.yaml", "search_space.yaml", "workload.json", "baseline.json", "verdict.json")
+
+
+def _documents(client: Any, run_id: str, names: tuple[str, ...] = _PARENT_DOCUMENTS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     present = {a.path for a in client.list_artifacts(run_id)}
     with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():

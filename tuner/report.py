@@ -773,6 +773,15 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
         out.append(f'<p class="meta">Winner params: <code>{html.escape(params)}</code></p>')
         md += [f"Winner params: `{params}`", ""]
 
+    if record.validation:
+        header, rows, text = validation_table(record.validation)
+        out += [
+            "<h3>Validation through the serving stack</h3>",
+            f"<p>{html.escape(text)}</p>",
+            _html_table(header, rows),
+        ]
+        md += ["### Validation through the serving stack", "", text, "", _md_table(header, rows), ""]
+
     out += ["<h3>Pareto front</h3>", _plot(pareto_figure(summary), f"plot-pareto-{index}")]
     md += ["### Pareto front", ""]
     cap, lat = summary.axes
@@ -813,6 +822,33 @@ def _section(summary: Summary, index: int) -> tuple[str, list[str]]:
     out += ["<h3>All trials</h3>", _html_table(header, rows)]
     md += ["### All trials", "", _md_table(header, rows), ""]
     return "\n".join(out), md
+
+
+def validation_table(document: Mapping[str, Any]) -> tuple[list[str], list[list[str]], str]:
+    """The latest `tuner validate` of this search: one row per stack, config and rate, and its sentence."""
+    header = ["stack", "config", "rate", "requests/s per replica", "SLO", "achieved", "goodput"]
+    header += ["TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "E2E p95", "failed"]
+    rows = [
+        [
+            str(m.get("stack")),
+            str(m.get("config")),
+            str(m.get("rate")),
+            _fmt(m.get("rate_rps")),
+            "pass" if m.get("slo_pass") else "FAIL",
+            _fmt(m.get("achieved_rps")),
+            _fmt(m.get("goodput_rps")),
+            *(_fmt(m.get(k)) for k in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s")),
+            _fmt(m.get("failed_requests")),
+        ]
+        for m in document.get("measurements") or []
+    ]
+    ratios = "; ".join(
+        f"{r['stack']} at the {r['rate']} rate: goodput x{r['goodput_ratio']:.2f} the comparison's"
+        for r in document.get("ratios") or []
+        if r.get("goodput_ratio") is not None
+    )
+    text = f"{document.get('text', '')} (client: {document.get('client', 'vllm bench serve')})."
+    return header, rows, text + (f" {ratios}." if ratios else "")
 
 
 def _plan_text(plan: Mapping[str, Any]) -> str:

@@ -6,11 +6,13 @@ TunerErrors they raise become the group's one red line.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import click
 
 from tuner.export import DEFAULT_IMAGE
+from tuner.plan import DEFAULT_HEADROOM
 from tuner.selection import PICKS
 
 _URI_HELP = "MLflow tracking URI (default sqlite:///<repo>/reports/mlflow.db)."
@@ -105,6 +107,19 @@ def report(experiments: tuple[str, ...], tracking_uri: str | None, out_dir: str 
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address vllm serve and Ray Serve listen on.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port vllm serve and Ray Serve listen on.")
 @click.option("--image", default=DEFAULT_IMAGE, show_default=True, help="Container image for the RayService pods.")
+@click.option(
+    "--headroom",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=DEFAULT_HEADROOM,
+    show_default=True,
+    help="Replica plan: run each replica at its confirmed capacity x (1 - headroom).",
+)
+@click.option(
+    "--target-rps",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="Replica plan for this request rate (default: the workload's rate profile, trough to peak).",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for the files.")
 def export(
     experiment: str,
@@ -116,6 +131,8 @@ def export(
     host: str,
     port: int,
     image: str,
+    headroom: float,
+    target_rps: float | None,
     out_dir: str,
 ) -> None:
     """Write vllm-serve.yaml, serve-llm.yaml, rayservice.yaml and best.json for the best trial."""
@@ -123,7 +140,13 @@ def export(
     from tuner.selection import capacity_summary
 
     options = ExportOptions(
-        model_uri=model_uri, target_accelerator=target_accelerator, host=host, port=port, image=image
+        model_uri=model_uri,
+        target_accelerator=target_accelerator,
+        host=host,
+        port=port,
+        image=image,
+        headroom=headroom,
+        target_rps=target_rps,
     )
     result = export_search(
         _tracking_uri(tracking_uri), experiment, _writable_folder(out_dir), slo=slo, pick=pick, options=options
@@ -145,5 +168,7 @@ def export(
         )
     else:
         click.echo("no confirmation phase: the capacity above is one measurement (see the README)")
+    plan = json.loads(result.files["best.json"].read_text())["plan"]
+    click.echo(plan.get("text") or plan["note"])
     for path in result.files.values():
         click.echo(f"wrote {path}")

@@ -27,6 +27,7 @@ from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
 from tuner.confirm import ConfirmCost, ConfirmOutcome, run_confirmation
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
+from tuner.plan import rate_profile
 from tuner.recorded import TrialRow
 from tuner.sampling import StepSample, sample_step
 from tuner.space import (
@@ -92,9 +93,14 @@ class SearchOutcome:
 
 
 def prepare(
-    config: SearchConfig, *, tracking_uri: str | None = None, device_has_gpu: bool | None = None
+    config: SearchConfig,
+    *,
+    tracking_uri: str | None = None,
+    device_has_gpu: bool | None = None,
+    check_budget: bool = True,
 ) -> PreparedSearch:
-    """Validate the config against the space, the workload, the model and vLLM's own arguments.
+    """Validate the config against the space, the workload, the model and vLLM's own arguments (and,
+    unless `check_budget` is False, as for re-reading a recorded search, its time budget).
 
     Raises ConfigError / WorkloadError / EngineError with one line naming what is wrong.
     """
@@ -168,7 +174,8 @@ def prepare(
         on_cpu=on_cpu,
         sample=sample,
     )
-    _check_budget(prepared)
+    if check_budget:
+        _check_budget(prepared)
     return prepared
 
 
@@ -680,7 +687,11 @@ def _new_parent(client, prepared: PreparedSearch, stamp: str, config_yaml: str, 
         documents={
             "search_config.yaml": config_yaml,
             "search_space.yaml": yaml.safe_dump(prepared.space.model_dump(mode="json"), sort_keys=False),
-            "workload.json": {**prepared.workload.provenance, "step_sample": prepared.sample.describe()},
+            "workload.json": {
+                **prepared.workload.provenance,
+                "step_sample": prepared.sample.describe(),
+                "rate_profile": rate_profile([r.arrival_s for r in prepared.workload.requests]),
+            },
             "baseline.json": prepared.baseline,
         },
     )

@@ -455,3 +455,35 @@ def attach_files(client, run_id: str, paths: list[Path]) -> None:
     """Files (a report) as artifacts of a run."""
     for path in paths:
         client.log_artifact(run_id, str(path))
+
+
+def record_validation(client, experiment: str, parent: str, document: dict[str, Any], files: list[Path]) -> str:
+    """A nested run (`run_kind=validate`) under the search's parent: each measurement's figures as metrics
+    named `{stack}.{config}.{rate}.{figure}`, `validation.json`, the served config files; its id."""
+    from mlflow.entities import Metric
+
+    run = client.create_run(
+        experiment_id(client, experiment, create=False),
+        run_name="validate",
+        tags={
+            PARENT_TAG: parent,
+            RUN_KIND_TAG: RunKind.VALIDATE.value,
+            "validated_trial": str(document["trial_id"]),
+            "validation": str(document["text"])[:5000],
+        },
+    )
+    run_id = str(run.info.run_id)
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(f"{m['stack']}.{m['config']}.{m['rate']}.{key}", float(value), now, 0)
+        for m in document["measurements"]
+        for key, value in m.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ]
+    metrics += [Metric("held", float(document["held"]), now, 0)]
+    for start in range(0, len(metrics), 500):
+        client.log_batch(run_id, metrics=metrics[start : start + 500])
+    client.log_dict(run_id, document, "validation.json")
+    attach_files(client, run_id, files)
+    client.set_terminated(run_id, "FINISHED")
+    return run_id

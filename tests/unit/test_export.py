@@ -146,6 +146,7 @@ def build_store(
     model: str = "/models/tiny",
     engine_args: dict[str, Any] | None = None,
     verdict: dict[str, Any] | None = None,
+    cores: int = 1,
 ) -> str:
     """Record a search as `tuner.search` does (parent run, documents, nested trial runs, and with `verdict`
     a confirmation measurement of each trial it names plus verdict.json); returns the URI."""
@@ -165,7 +166,7 @@ def build_store(
     config = {
         "name": experiment,
         "model": {"path": None, "max_model_len": 2048, "engine_args": engine_args or {}},
-        "hardware": {"device": device, "cpu_cores_per_replica": 1, "kv_budget_mib": 64.0},
+        "hardware": {"device": device, "cpu_cores_per_replica": cores, "kv_budget_mib": 64.0},
         "slo": slo,
         "capacity": {"start_factor": FACTORS[0], "growth": 2.0, "max_factor": FACTORS[-1]},
         "objectives": [
@@ -564,11 +565,13 @@ def test_vllm_serve_yaml_on_gpu_keeps_the_memory_fraction_and_the_model_uri(tmp_
 
 
 def _serve_validate(document: dict[str, Any]):
-    from ray.serve.llm import LLMConfig
+    from ray.serve.llm import LLMConfig, LLMServingArgs
     from ray.serve.schema import ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(document)
     configs = [LLMConfig(**llm) for app in document["applications"] for llm in app["args"]["llm_configs"]]
+    for app in document["applications"]:
+        LLMServingArgs.model_validate(app["args"])  # what build_openai_app checks its args against
     return schema, configs
 
 
@@ -585,6 +588,8 @@ def test_serve_llm_yaml_validates_with_serve_schema_and_llm_config(exported: Pat
     assert llm.deployment_config["health_check_period_s"] == 10.0  # Serve's defaults: nothing was searched
     assert llm.deployment_config["health_check_timeout_s"] == 30.0
     assert llm.accelerator_config.kind == "cpu"
+    # The ingress asks for no core of its own on CPU: with Serve's default of 1 it never scheduled on 2 cores.
+    assert app.args["ingress_deployment_config"] == {"ray_actor_options": {"num_cpus": 0}}
     comment = next(line for line in text.splitlines() if "failure threshold" in line)
     assert "fixed at 3" in comment and comment.strip().startswith("#")
 

@@ -1,0 +1,127 @@
+"""`tuner validate` through real vLLM OpenAI servers and vLLM's own `bench serve` on CPU: the exported
+`vllm-serve.yaml` served as written against vLLM's defaults, the SLO judged with the tool's rule, the result
+recorded, and nothing left running; a server that cannot start is exit code 3 with its own message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from unit.test_export import build_store, standard_trials
+
+pytestmark = pytest.mark.integration
+
+LENIENT = "ttft:p95<60s; tpot:p95<5s"
+
+
+def _servers_left() -> list[str]:
+    """Servers, Ray instances and engines of a validation still running (none may be)."""
+    pattern = "vllm.entrypoints.openai.api_server|tuner.serve_stack|VLLM::|ray::ServeReplica|raylet|gcs_server"
+    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_validate_serves_the_export_and_the_defaults_and_judges_them_with_bench_serve(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from tuner.cli import main
+    from tuner.tiny_model import ensure_tiny_model
+
+    model = str(ensure_tiny_model())
+    uri = build_store(tmp_path, "validate-me", standard_trials(), slo=LENIENT, model=model)
+    out = tmp_path / "validated"
+    result = CliRunner().invoke(
+        main, ["validate", "--experiment", "validate-me", "--tracking-uri", uri, "--out", str(out)]
+    )
+    assert _servers_left() == [], "every server is stopped"
+    assert result.exit_code == 0, result.output[-4000:]
+    assert "rates per replica: planned 3.2 requests/s (4 less 20% headroom)" in result.output
+    assert "held the SLO" in result.output
+
+    document = json.loads((out / "validation.json").read_text())
+    assert document["trial_id"] == "win00002" and document["held"] is True
+    assert [(r["label"], r["rps_per_server"]) for r in document["rates"]] == [("planned", 3.2), ("capacity", 4.0)]
+    measured = document["measurements"]
+    assert sorted((m["config"], m["rate"]) for m in measured) == [
+        ("comparison", "capacity"),
+        ("comparison", "planned"),
+        ("exported", "capacity"),
+        ("exported", "planned"),
+    ]
+    for m in measured:
+        assert m["arrival_rps"] == pytest.approx(m["rate_rps"], rel=0.15), "bench offered the rate it was given"
+        assert m["measured_requests"] >= 10 and m["failed_requests"] == 0
+        assert m["achieved_rps"] > 0 and 0 < m["ttft_p50_s"] <= m["ttft_p95_s"] and m["tpot_p95_s"] > 0
+    assert {r["rate"] for r in document["ratios"]} == {"planned", "capacity"}
+
+    # The files were served as written (only the address was given on the command line) and keep no text.
+    exported = yaml.safe_load((out / "vllm-serve.yaml").read_text())
+    assert exported["host"] == "127.0.0.1" and exported["port"] == 8000 and exported["model"] == model
+    defaults = yaml.safe_load((out / "comparison-vllm-defaults.yaml").read_text())
+    assert defaults["max-num-seqs"] != exported["max-num-seqs"], "the comparison is another config"
+    assert not list(out.glob("bench-*.json")) and not list(out.glob("trace-*.jsonl"))
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("validate-me")
+    runs = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("run_kind") == "validate"]
+    assert len(runs) == 1 and runs[0].data.tags["validated_trial"] == "win00002"
+    assert runs[0].data.metrics["held"] == 1.0 and "vllm.exported.planned.goodput_rps" in runs[0].data.metrics
+
+
+def test_a_server_that_cannot_start_is_exit_code_3_with_its_own_message(tmp_path: Path) -> None:
+    from tuner.cli import main
+
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    uri = build_store(tmp_path, "broken", standard_trials(), slo=LENIENT, model=str(not_a_model))
+    result = CliRunner().invoke(
+        main,
+        ["validate", "--experiment", "broken", "--tracking-uri", uri, "--out", str(tmp_path / "out"), "--rates", "1"],
+    )
+    assert _servers_left() == []
+    assert result.exit_code == 3, result.output[-4000:]
+    lines = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "the vLLM server exited before it was ready" in lines[0], result.output[-2000:]
+    assert "Traceback" not in result.output
+
+
+def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp_path: Path) -> None:
+    from tuner.cli import main
+    from tuner.tiny_model import ensure_tiny_model
+
+    uri = build_store(tmp_path, "serve-validate", standard_trials(), slo=LENIENT, model=str(ensure_tiny_model()))
+    out = tmp_path / "validated"
+    argv = ["validate", "--experiment", "serve-validate", "--tracking-uri", uri, "--out", str(out)]
+    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "2"])
+    assert _servers_left() == [], "Serve, its Ray and its engine are stopped"
+    assert result.exit_code == 0, result.output[-4000:]
+    document = json.loads((out / "validation.json").read_text())
+    measured = document["measurements"]
+    assert sorted((m["stack"], m["config"]) for m in measured) == [
+        ("ray-serve", "comparison"),
+        ("ray-serve", "exported"),
+    ]
+    for m in measured:
+        assert m["arrival_rps"] == pytest.approx(2.0, rel=0.15) and m["failed_requests"] == 0
+        assert m["measured_requests"] >= 10 and m["ttft_p95_s"] > 0
+    served = yaml.safe_load((out / "serve-llm.yaml").read_text())
+    assert served["applications"][0]["args"]["ingress_deployment_config"] == {"ray_actor_options": {"num_cpus": 0}}
+
+
+def test_a_serve_replica_that_never_schedules_is_exit_code_3_with_serves_message(tmp_path: Path) -> None:
+    from tuner.cli import main
+    from tuner.tiny_model import ensure_tiny_model
+
+    # Each replica asks for 64 cores: Serve can never place it on this machine, and says so.
+    uri = build_store(tmp_path, "too-big", standard_trials(), slo=LENIENT, model=str(ensure_tiny_model()), cores=64)
+    argv = ["validate", "--experiment", "too-big", "--tracking-uri", uri, "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "1"])
+    assert _servers_left() == []
+    assert result.exit_code == 3, result.output[-4000:]
+    lines = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Ray Serve could not schedule a replica" in lines[0], result.output[-2000:]
+    assert "to be scheduled" in lines[0], "Serve's own words"

@@ -1,0 +1,149 @@
+"""Unit tests of `tuner validate` without a server: rates, the planning capacity, the comparison file,
+the verdict and ratios, the MLflow record, and bad input as one line with exit code 2 before anything starts.
+The real servers and bench serve are exercised by tests/integration/test_validate.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_export import _verdict, build_store, standard_trials
+
+from tuner.errors import ConfigError
+from tuner.plan import confirmed_lower_bound
+from tuner.recorded import SearchRecord, TrialRow, load_search
+from tuner.validate import Measured, Rate, Served, ValidationOutcome, parse_rates, user_config
+
+
+def test_rates_are_auto_or_positive_numbers_per_server():
+    assert parse_rates("auto") is None
+    assert parse_rates("1, 2.5") == [Rate("r1", 1.0), Rate("r2", 2.5)]
+    for bad, says in (("abc", "'abc' is not a number"), ("0", "> 0"), ("1,-2", "> 0"), ("nan", "> 0"), ("", "''")):
+        with pytest.raises(ConfigError, match="--rates") as error:
+            parse_rates(bad)
+        assert says in str(error.value)
+
+
+def test_a_comparison_file_is_a_vllm_serve_config_named_in_every_error(tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"--against .*missing.yaml: no such file"):
+        user_config(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"--against .*bad.yaml: not valid YAML"):
+        user_config(tmp_path / "bad.yaml")
+    (tmp_path / "nomodel.yaml").write_text("port: 8000\n")
+    with pytest.raises(ConfigError, match="needs a `model` key"):
+        user_config(tmp_path / "nomodel.yaml")
+    (tmp_path / "mine.yaml").write_text("model: /models/x\nserved-model-name: prod\nmax-num-seqs: 8\n")
+    assert user_config(tmp_path / "mine.yaml") == ("prod", "/models/x")
+
+
+def _record(verdict: dict | None) -> SearchRecord:
+    return SearchRecord("e", "p", "u", "ttft:p95<1s", (), verdict=verdict or {})
+
+
+def test_the_planning_capacity_is_the_lowest_confirmation_measurement():
+    trial = TrialRow("w", "r", "completed", metrics={"capacity_rps_per_accel": 9.0})
+    rounds = [{"capacity_rps_per_accel": c} for c in (7.5, 6.0, 8.0)]
+    assert confirmed_lower_bound(_record({"measurements": {"w": rounds}}), trial) == (
+        6.0,
+        "the lowest of its 3 confirmation measurements",
+    )
+    # A round that passed no load: nothing to plan with (the caller asks for --rates).
+    failed = [*rounds, {"capacity_rps_per_accel": 0.0}]
+    assert confirmed_lower_bound(_record({"measurements": {"w": failed}}), trial)[0] == 0.0
+    # No confirmation: the trial's own capacity search, said so.
+    value, source = confirmed_lower_bound(_record(None), trial)
+    assert value == 9.0 and "no confirmation" in source
+
+
+def _measured(role: str, rate: Rate, passed: bool, goodput: float, ttft: float) -> Measured:
+    return Measured("vllm", role, rate, passed, {"goodput_rps": goodput, "ttft_p95_s": ttft}, 20.0)
+
+
+def test_the_verdict_is_the_exported_config_at_the_planned_rate_and_ratios_pair_like_with_like(tmp_path: Path):
+    planned, capacity = Rate("planned", 4.0), Rate("capacity", 5.0)
+    served = [
+        Served("exported", "trial w", tmp_path / "a.yaml", "e", "/m"),
+        Served("comparison", "defaults", tmp_path / "b.yaml", "e", "/m"),
+    ]
+    outcome = ValidationOutcome("e", "w", "ttft:p95<1s", [planned, capacity], served)
+    outcome.measured += [
+        _measured("exported", planned, True, 4.0, 0.5),
+        _measured("exported", capacity, False, 3.0, 1.5),  # failing at capacity does not fail the validation
+        _measured("comparison", planned, False, 2.0, 2.0),
+        _measured("comparison", capacity, False, 0.0, 3.0),
+    ]
+    assert (
+        outcome.held
+        and "held the SLO 'ttft:p95<1s' at the planned 4 requests/s per replica (held on vllm)" in outcome.text()
+    )
+    ratios = {r["rate"]: r for r in outcome.ratios()}
+    assert ratios["planned"]["goodput_ratio"] == 2.0 and ratios["planned"]["ttft_p95_ratio"] == 0.25
+    assert ratios["capacity"]["goodput_ratio"] is None, "a comparison with zero goodput is no ratio, never a division"
+    document = json.loads(json.dumps(outcome.document()))
+    assert document["held"] is True and len(document["measurements"]) == 4
+    assert {m["config"] for m in document["measurements"]} == {"exported", "comparison"}
+    outcome.measured[0] = _measured("exported", planned, False, 1.0, 1.2)
+    assert not outcome.held and "missed" in outcome.text()
+    assert not ValidationOutcome("e", "w", "s", [planned], served).held, "nothing measured is not a pass"
+
+
+def test_a_validation_is_recorded_as_a_nested_run_of_the_search(tmp_path: Path):
+    from mlflow.tracking import MlflowClient
+
+    from tuner.tracking import client_for, record_validation
+
+    uri = build_store(tmp_path, "checked", standard_trials(), verdict=_verdict("win00002"))
+    client = client_for(uri)
+    parent = load_search(client, "checked").parent_run_id
+    served = [Served("exported", "trial win00002", tmp_path / "vllm-serve.yaml", "checked", "/m")]
+    served[0].config_path.write_text("model: /m\n")
+    planned = Rate("planned", 3.2)
+    outcome = ValidationOutcome("checked", "win00002", "ttft:p95<2s", [planned], served)
+    outcome.measured.append(_measured("exported", planned, True, 3.1, 0.4))
+    document = outcome.document()
+    (tmp_path / "validation.json").write_text(json.dumps(document))
+    run_id = record_validation(
+        client, "checked", parent, document, [tmp_path / "validation.json", served[0].config_path]
+    )
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert run.data.tags["run_kind"] == "validate" and run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.tags["validated_trial"] == "win00002" and run.info.status == "FINISHED"
+    assert run.data.metrics["vllm.exported.planned.goodput_rps"] == pytest.approx(3.1)
+    assert run.data.metrics["held"] == 1.0
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"validation.json", "vllm-serve.yaml"}
+    # Readers of the search never take it for a trial; the report shows it.
+    record = load_search(client, "checked")
+    assert {t.trial_id for t in record.trials} == {t["trial_id"] for t in standard_trials()}
+    assert record.validation["text"] == document["text"]
+    from tuner.report import build_report
+
+    page, markdown = build_report([record])
+    assert "Validation through the serving stack" in page and "| vllm | exported | planned | 3.2 | pass |" in markdown
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--rates", "fast"], "--rates: 'fast' is not a number"),
+        (["--rates", "0"], "--rates: every rate must be > 0"),
+        (["--headroom", "1.5"], "--headroom must be in [0, 1)"),
+        (["--against", "nowhere.yaml"], "nowhere.yaml: no such file"),
+        (["--experiment", "nobody"], "nobody"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything_starts(tmp_path: Path, args: list[str], says: str):
+    from tuner.cli import main
+
+    uri = build_store(tmp_path, "checked", standard_trials())
+    base = {"--experiment": "checked", "--tracking-uri": uri, "--out": str(tmp_path / "out")}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    argv = ["validate", *(x for pair in base.items() for x in pair)]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
+    assert "Traceback" not in result.output
