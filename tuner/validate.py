@@ -103,6 +103,7 @@ class ValidationOutcome:
     notes: list[str] = field(default_factory=list)
     out_dir: Path = Path(".")
     wall_s: float = 0.0
+    workload: str = ""
 
     @property
     def held(self) -> bool:
@@ -157,7 +158,8 @@ class ValidationOutcome:
             "slo": self.slo,
             "held": self.held,
             "text": self.text(),
-            "rates": [{"label": r.label, "rps_per_server": r.rps} for r in self.rates],
+            "workload": self.workload,
+            "rates": [{"label": r.label, "rps_per_replica": r.rps} for r in self.rates],
             "configs": [
                 {"role": s.role, "description": s.description, "file": s.config_path.name} for s in self.served
             ],
@@ -237,18 +239,29 @@ def validate(
     notes: list[str] = []
     against_path = None if against == "vllm-defaults" else Path(against).expanduser().resolve()
     comparison_names = user_config(against_path) if against_path is not None else None
+    if workload and not Path(workload).expanduser().is_file():
+        raise ConfigError(f"--workload {workload}: no such file")
     out_dir = Path(out_dir)
     options = ExportOptions(headroom=headroom)
     exported = export_search(tracking_uri, experiment, out_dir, pick=pick, options=options)
     record, trial = exported.record, exported.trial
     progress(f"exported trial {trial.trial_id} into {out_dir} ({', '.join(sorted(exported.files))})")
 
-    overrides = {"workload.path": str(Path(workload).expanduser().resolve())} if workload else {}
+    config = dict(record.config)
+    if workload:  # another trace, read as `workload inspect` reads it (format and time unit detected)
+        path = str(Path(workload).expanduser().resolve())
+        config["workload"] = {**(config.get("workload") or {}), "path": path, "format": "auto", "time_unit": None}
     with tempfile.TemporaryDirectory(prefix="tuner-validate-") as scratch:
         recorded = Path(scratch) / "search_config.yaml"
-        recorded.write_text(yaml.safe_dump(dict(record.config), sort_keys=False))
-        prepared = prepare(load_config(recorded, overrides), tracking_uri=tracking_uri, check_budget=False)
+        recorded.write_text(yaml.safe_dump(config, sort_keys=False))
+        prepared = prepare(load_config(recorded), tracking_uri=tracking_uri, check_budget=False)
     context = trial_context(prepared)
+    source = str(prepared.workload.provenance.get("source") or "the bundled workload")
+    origin = "given with --workload" if workload else "the search's own"
+    progress(
+        f"replaying {source} ({origin}, {len(prepared.workload.requests)} requests): each measurement is the "
+        f"search's step sample of it at the rate, after {context.sample.describe()['warmup_requests']} warm-up requests"
+    )
     slo = parse_slo(exported.slo)
 
     per_replica = int(trial.params.get("tensor_parallel_size", 1) or 1)
@@ -341,7 +354,9 @@ def validate(
             else:
                 notes.append(f"--against {against_path} is a vllm serve config: the ray-serve stack has no comparison")
 
-    outcome = ValidationOutcome(experiment, trial.trial_id, exported.slo, planned, served, out_dir=out_dir, notes=notes)
+    outcome = ValidationOutcome(
+        experiment, trial.trial_id, exported.slo, planned, served, out_dir=out_dir, notes=notes, workload=source
+    )
     for number, server in enumerate(served):
         port = peer.free_port()
         replicas = f" ({server.replicas} replicas: each rate x {server.replicas})" if server.replicas > 1 else ""

@@ -44,7 +44,7 @@ def test_validate_serves_the_export_and_the_defaults_and_judges_them_with_bench_
 
     document = json.loads((out / "validation.json").read_text())
     assert document["trial_id"] == "win00002" and document["held"] is True
-    assert [(r["label"], r["rps_per_server"]) for r in document["rates"]] == [("planned", 3.2), ("capacity", 4.0)]
+    assert [(r["label"], r["rps_per_replica"]) for r in document["rates"]] == [("planned", 3.2), ("capacity", 4.0)]
     measured = document["measurements"]
     assert sorted((m["config"], m["rate"]) for m in measured) == [
         ("comparison", "capacity"),
@@ -96,10 +96,13 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
     uri = build_store(tmp_path, "serve-validate", standard_trials(), slo=LENIENT, model=str(ensure_tiny_model()))
     out = tmp_path / "validated"
     argv = ["validate", "--experiment", "serve-validate", "--tracking-uri", uri, "--out", str(out)]
-    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "2"])
+    azure = Path(__file__).resolve().parents[3] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+    # Traffic the search never saw: a public production trace in place of the bundled workload.
+    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "2", "--workload", str(azure)])
     assert _servers_left() == [], "Serve, its Ray and its engine are stopped"
     assert result.exit_code == 0, result.output[-4000:]
     document = json.loads((out / "validation.json").read_text())
+    assert document["workload"].endswith("AzureLLMInferenceTrace_conv.csv") and "given with --workload" in result.output
     measured = document["measurements"]
     assert sorted((m["stack"], m["config"]) for m in measured) == [
         ("ray-serve", "comparison"),

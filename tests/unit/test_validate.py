@@ -131,6 +131,7 @@ def test_a_validation_is_recorded_as_a_nested_run_of_the_search(tmp_path: Path):
         (["--rates", "0"], "--rates: every rate must be > 0"),
         (["--headroom", "1.5"], "--headroom must be in [0, 1)"),
         (["--against", "nowhere.yaml"], "nowhere.yaml: no such file"),
+        (["--workload", "missing.jsonl"], "--workload missing.jsonl: no such file"),
         (["--experiment", "nobody"], "nobody"),
     ],
 )
