@@ -205,12 +205,14 @@ def _show(value) -> str:
 
 
 def _register_subcommands() -> None:
+    from tuner.record.cli import record
     from tuner.report_cli import export, report
     from tuner.workload.cli import workload
 
     main.add_command(workload, "workload")
     main.add_command(report, "report")
     main.add_command(export, "export")
+    main.add_command(record, "record")
 
 
 _register_subcommands()
