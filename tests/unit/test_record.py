@@ -98,16 +98,26 @@ class CharTokenizer:
 class Recording:
     """A proxy in front of `upstream`, its rows collected in memory; `client` talks to the proxy."""
 
-    def __init__(self, upstream: Any, *, tokenizer: Any = None, session_header: str | None = None, **kw: Any):
+    def __init__(
+        self,
+        upstream: Any,
+        *,
+        tokenizer: Any = None,
+        session_header: str | None = None,
+        max_requests: int | None = None,
+        **kw: Any,
+    ):
         self.lines: list[str] = []
         self.order = ArrivalOrder(self.lines.extend, **kw)
         self.upstream = httpx.AsyncClient(transport=httpx.ASGITransport(upstream), base_url="http://upstream")
+        self.tokens = PromptTokens(tokenizer) if tokenizer else None
         self.proxy = RecordingProxy(
             self.upstream,
             self.order,
             Keyring(),
-            tokenizer=PromptTokens(tokenizer) if tokenizer else None,
+            tokenizer=self.tokens,
             session_header=session_header,
+            max_requests=max_requests,
         )
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(self.proxy), base_url="http://proxy")
 
@@ -117,6 +127,8 @@ class Recording:
     async def close(self) -> None:
         await self.client.aclose()
         await self.upstream.aclose()
+        if self.tokens is not None:
+            self.tokens.close()
 
 
 def run(coroutine_function: Callable[[], Any]) -> Any:
@@ -252,6 +264,20 @@ def test_other_paths_are_forwarded_and_not_recorded() -> None:
     assert answer.json() == {"data": [{"id": "stub"}]} and answer.headers["x-upstream"] == "yes"
     assert missing.status_code == 404
     assert recording.lines == [] and recording.order.arrived == 0
+
+
+def test_after_max_requests_requests_are_forwarded_unrecorded_and_the_limit_is_signalled() -> None:
+    async def scenario():
+        recording = Recording(stub_upstream(), max_requests=2)
+        answers = [
+            await recording.client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}) for _ in range(3)
+        ]
+        await recording.close()
+        return answers, recording
+
+    answers, recording = run(scenario)
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert len(recording.lines) == 2 and recording.proxy.limit_reached.is_set()
 
 
 def test_rows_keep_arrival_order_when_answers_finish_out_of_order() -> None:

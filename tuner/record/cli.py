@@ -164,6 +164,7 @@ async def _record(
         out.flush()  # a row written is a row kept, whatever happens to the process next
 
     order = ArrivalOrder(write)
+    prompt_tokens = PromptTokens(tokenizer) if tokenizer is not None else None
     # No pool or read limits: the proxy must not queue or time out what the upstream would serve.
     timeout = httpx.Timeout(None, connect=30.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
@@ -172,7 +173,7 @@ async def _record(
             client,
             order,
             Keyring(),
-            tokenizer=PromptTokens(tokenizer) if tokenizer is not None else None,
+            tokenizer=prompt_tokens,
             session_header=settings.session_header,
             max_requests=settings.max_requests,
         )
@@ -203,6 +204,8 @@ async def _record(
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
             aborted = order.close()
+            if prompt_tokens is not None:
+                prompt_tokens.close()
         if aborted:
             progress(f"{aborted} request(s) still in flight at the stop, written with status aborted")
     overheads = sorted(proxy.overheads)

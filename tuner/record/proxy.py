@@ -15,7 +15,8 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import httpx
 from starlette.requests import ClientDisconnect, Request
@@ -39,6 +40,7 @@ _HOP_BY_HOP = {
     b"host",
     b"content-length",
 }
+T = TypeVar("T")
 OVERHEAD_SAMPLES = 100_000
 """How many of the latest requests' proxy times are kept for the summary."""
 
@@ -49,6 +51,16 @@ class PromptTokens:
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
+        # One thread: off the event loop, and never two calls at once into a Rust tokenizer that
+        # transformers reconfigures per call.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="record-tokenizer")
+
+    def submit(self, work: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run `work(*args)` (`of`, `count`) on the tokenizer's thread; awaitable from the event loop."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, work, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
     def of(self, path: str, body: dict[str, Any]) -> list[int] | None:
         """The prompt's token ids, or None when there is no single prompt to tokenize (a batch) or it fails."""
@@ -188,10 +200,9 @@ class RecordingProxy:
             payload["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": False}
             body = json.dumps(payload).encode()
             added_usage = True
+        tokenizer = self._tokenizer
         prompt = (
-            asyncio.get_running_loop().run_in_executor(None, self._tokenizer.of, request.url.path, payload)
-            if self._tokenizer is not None and payload
-            else None
+            tokenizer.submit(tokenizer.of, request.url.path, payload) if tokenizer is not None and payload else None
         )
         call = self._upstream_request(request, body, identity=True)
         sent = self._clock()
@@ -264,7 +275,7 @@ class RecordingProxy:
         prompt_tokens = usage.prompt_tokens if usage is not None else None
         output_tokens = usage.completion_tokens if usage is not None else None
         if output_tokens is None and status == "ok" and self._tokenizer is not None:
-            output_tokens = self._tokenizer.count(text)
+            output_tokens = await self._tokenizer.submit(self._tokenizer.count, text)
         self.order.finish(ticket, ticket.row(status, output_tokens or 0, prompt_tokens))
         if self._max_requests is not None and sum(self.order.written.values()) >= self._max_requests:
             self.limit_reached.set()
