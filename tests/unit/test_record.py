@@ -355,20 +355,7 @@ def test_a_client_that_goes_away_mid_stream_leaves_an_aborted_row() -> None:
             if message["type"] == "http.response.body" and message.get("body"):
                 got_bytes.set()
 
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/v1/completions",
-            "raw_path": b"/v1/completions",
-            "query_string": b"",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            "client": ("127.0.0.1", 1),
-            "server": ("127.0.0.1", 2),
-        }
-        await asyncio.wait_for(recording.proxy(scope, receive, send), timeout=10)
+        await asyncio.wait_for(recording.proxy(_scope(len(body)), receive, send), timeout=10)
         await recording.proxy._client.aclose()
         await recording.close()
         return sent, recording
@@ -377,6 +364,60 @@ def test_a_client_that_goes_away_mid_stream_leaves_an_aborted_row() -> None:
     chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
     assert 1 <= len(chunks) < 50
     assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 0, "output_tokens": 0, "status": "aborted"}]
+
+
+def test_a_client_that_goes_away_before_the_answer_cancels_the_upstream_request() -> None:
+    body = json.dumps({"prompt": "a b c", "max_tokens": 5}).encode()
+    cancelled = []
+
+    async def slow_answer(request: httpx.Request) -> httpx.Response:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return httpx.Response(200, json={})
+
+    async def scenario():
+        recording = Recording(stub_upstream())
+        recording.proxy._client = httpx.AsyncClient(transport=httpx.MockTransport(slow_answer), base_url="http://x")
+        messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            message = next(messages, None)
+            if message is None:
+                await asyncio.sleep(0.2)  # the client hangs up while the upstream is still working
+                return {"type": "http.disconnect"}
+            return message
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await asyncio.wait_for(recording.proxy(_scope(len(body)), receive, send), timeout=10)
+        await recording.proxy._client.aclose()
+        await recording.close()
+        return recording
+
+    recording = run(scenario)
+    assert cancelled == [True]
+    assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 0, "output_tokens": 0, "status": "aborted"}]
+
+
+def _scope(length: int) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(length).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
 
 
 def test_the_file_holds_no_text_no_key_and_only_keyed_ids() -> None:

@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -207,10 +207,14 @@ class RecordingProxy:
         call = self._upstream_request(request, body, identity=True)
         sent = self._clock()
         try:
-            upstream = await self._client.send(call, stream=True)
+            upstream = await _unless_gone(self._client.send(call, stream=True), request.receive)
         except httpx.HTTPError as exc:
             await self._finish(ticket, prompt, None, "error", "")
             return _bad_gateway(exc)
+        except _ClientGone:
+            # As without the proxy: the client's going cancels the upstream request (vLLM then aborts it).
+            self._abandon(ticket, prompt)
+            return Response(status_code=499)
         events = "text/event-stream" in upstream.headers.get("content-type", "")
         return _passthrough(
             upstream,
@@ -292,6 +296,36 @@ class RecordingProxy:
 
 class _TooLarge(Exception):
     pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _unless_gone(call: Awaitable[T], receive: Receive) -> T:
+    """`call`'s result, unless the client disconnects first: then `call` is cancelled and _ClientGone raised.
+
+    Only for after the request body was read: the next message an ASGI server delivers is the disconnect.
+    """
+    answer = asyncio.ensure_future(call)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (answer, gone):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(answer, gone, return_exceptions=True)
+    if answer.cancelled() or not answer.done():
+        raise _ClientGone
+    if gone.done() and not gone.cancelled() and answer.exception() is not None:
+        raise _ClientGone
+    return answer.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
