@@ -1,5 +1,6 @@
-"""`tuner record` against an in-process stub upstream: bytes pass unchanged, rows come in arrival order with the
-upstream's counts, failures and aborts get a status, and the file holds no text, no secret, no guessable id."""
+"""`tuner record` against a stub upstream served on loopback: bytes pass unchanged, rows come in arrival order
+with the upstream's counts, failures and aborts get a status, and the file holds no text, no secret, no
+guessable id."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from starlette.routing import Route
 from tuner.cli import main
 from tuner.record.proxy import PromptTokens, RecordingProxy
 from tuner.record.trace import ArrivalOrder, Keyring, RecordedRow
+from tuner.record.upstream import AiohttpUpstream
 from tuner.record.usage import BodyScanner, EventScanner
 from tuner.workload.formats import load_workload
 from tuner.workload.stats import summarize
@@ -40,22 +42,29 @@ API_KEY = "sk-the-api-key-must-never-be-stored"
 # --- the stub upstream: an OpenAI-compatible server in a few lines ----------------------------------
 
 
-def stub_upstream(seen: list[dict[str, Any]] | None = None) -> Starlette:
+def stub_upstream(seen: list[dict[str, Any]]) -> Starlette:
     """Answers completions and chat completions: prompt tokens = words of the prompt, output = max_tokens
-    tokens; the body's `delay_s` delays the answer, `chunk_delay_s` each chunk, `fail` answers 500."""
+    tokens. In the body: `delay_s` delays the answer, `chunk_delay_s` each chunk, `fail` answers 500,
+    `bare` answers without usage, `watch_s` waits that long for the client to go (noted in `seen`)."""
 
     async def complete(request: Request) -> Response:
         body = await request.json()
-        if seen is not None:
-            seen.append({"body": body, "headers": dict(request.headers)})
+        seen.append({"body": body, "headers": dict(request.headers)})
         if "messages" in body:
             prompt = " ".join(m["content"] for m in body["messages"])
         else:
             prompt = body["prompt"]
         prompt_tokens, output_tokens = len(prompt.split()), int(body.get("max_tokens", 4))
         await asyncio.sleep(body.get("delay_s", 0))
+        for _ in range(int(body.get("watch_s", 0) * 20)):
+            if await request.is_disconnected():
+                seen.append({"gone": True})
+                return Response(status_code=499)
+            await asyncio.sleep(0.05)
         if body.get("fail"):
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if body.get("bare"):
+            return JSONResponse({"choices": [{"text": "abcdef"}]})
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": output_tokens, "total_tokens": 0}
         if not body.get("stream"):
             answer = {"id": "x", "choices": [{"index": 0, "text": COMPLETION_SECRET}], "usage": usage}
@@ -84,6 +93,40 @@ def stub_upstream(seen: list[dict[str, Any]] | None = None) -> Starlette:
     )
 
 
+def _serve_in_thread(app: Any) -> tuple[Any, threading.Thread, int]:
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    return server, thread, sock.getsockname()[1]
+
+
+class Stub:
+    def __init__(self, url: str, seen: list[dict[str, Any]]) -> None:
+        self.url = url
+        self.seen = seen
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Stub]:
+    seen: list[dict[str, Any]] = []
+    server, thread, port = _serve_in_thread(stub_upstream(seen))
+    yield Stub(f"http://127.0.0.1:{port}", seen)
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def stub(served: Stub) -> Stub:
+    served.seen.clear()
+    return served
+
+
 class CharTokenizer:
     """One token per character; the chat template as the tiny model's (role: content, one line each)."""
 
@@ -96,39 +139,35 @@ class CharTokenizer:
 
 
 class Recording:
-    """A proxy in front of `upstream`, its rows collected in memory; `client` talks to the proxy."""
+    """A proxy in front of the upstream at `url`, its rows collected in memory; `client` talks to the proxy."""
 
-    def __init__(
-        self,
-        upstream: Any,
-        *,
-        tokenizer: Any = None,
-        session_header: str | None = None,
-        max_requests: int | None = None,
-        **kw: Any,
-    ):
+    def __init__(self, url: str, *, tokenizer: Any = None, max_requests: int | None = None, **kw: Any) -> None:
         self.lines: list[str] = []
         self.order = ArrivalOrder(self.lines.extend, **kw)
-        self.upstream = httpx.AsyncClient(transport=httpx.ASGITransport(upstream), base_url="http://upstream")
+        self.upstream = AiohttpUpstream(url)
         self.tokens = PromptTokens(tokenizer) if tokenizer else None
         self.proxy = RecordingProxy(
             self.upstream,
             self.order,
             Keyring(),
             tokenizer=self.tokens,
-            session_header=session_header,
+            session_header="x-session",
             max_requests=max_requests,
         )
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(self.proxy), base_url="http://proxy")
 
-    def rows(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.lines]
+    async def __aenter__(self) -> Recording:
+        await self.upstream.__aenter__()
+        return self
 
-    async def close(self) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.client.aclose()
-        await self.upstream.aclose()
+        await self.upstream.__aexit__()
         if self.tokens is not None:
             self.tokens.close()
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.lines]
 
 
 def run(coroutine_function: Callable[[], Any]) -> Any:
@@ -204,60 +243,52 @@ def test_scanners_find_usage_in_split_bytes_and_long_bodies() -> None:
     assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (5, 9)
 
 
-# --- the proxy in process -----------------------------------------------------------------------------
+# --- the proxy in process, the upstream on loopback ----------------------------------------------------
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 @pytest.mark.parametrize("client_asks_usage", [False, True])
-def test_streams_reach_the_client_byte_for_byte_and_are_counted(path: str, client_asks_usage: bool) -> None:
-    seen: list[dict[str, Any]] = []
-    upstream = stub_upstream(seen)
+def test_streams_reach_the_client_byte_for_byte_and_are_counted(stub: Stub, path: str, client_asks_usage: bool) -> None:
     body: dict[str, Any] = {"model": "m", "max_tokens": 5, "stream": True}
     body.update({"messages": [{"role": "user", "content": "one two three"}]} if "chat" in path else {"prompt": "a b c"})
     if client_asks_usage:
         body["stream_options"] = {"include_usage": True}
 
     async def scenario():
-        direct = httpx.AsyncClient(transport=httpx.ASGITransport(upstream), base_url="http://upstream")
-        expected = (await direct.post(path, json=body)).content
-        await direct.aclose()
-        recording = Recording(upstream)
-        answer = await recording.client.post(path, json=body)
-        await recording.close()
+        async with httpx.AsyncClient(base_url=stub.url) as direct:
+            expected = (await direct.post(path, json=body)).content
+        async with Recording(stub.url) as recording:
+            answer = await recording.client.post(path, json=body)
         return expected, answer, recording
 
     expected, answer, recording = run(scenario)
     assert answer.status_code == 200 and answer.content == expected
     assert (b'"usage"' in answer.content) is client_asks_usage  # the proxy's own usage chunk never reaches the client
-    assert seen[-1]["body"]["stream_options"]["include_usage"] is True  # ... but the upstream was asked for it
+    assert stub.seen[-1]["body"]["stream_options"]["include_usage"] is True  # ... but the upstream was asked for it
     assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 3, "output_tokens": 5}]
 
 
-def test_a_plain_answer_passes_unchanged_and_headers_reach_the_upstream() -> None:
-    seen: list[dict[str, Any]] = []
-    upstream = stub_upstream(seen)
+def test_a_plain_answer_passes_unchanged_and_headers_reach_the_upstream(stub: Stub) -> None:
     body = {"model": "m", "prompt": "a b c d", "max_tokens": 2}
 
     async def scenario():
-        recording = Recording(upstream)
-        answer = await recording.client.post(
-            "/v1/completions?x=1", json=body, headers={"authorization": f"Bearer {API_KEY}"}
-        )
-        await recording.close()
+        async with Recording(stub.url) as recording:
+            answer = await recording.client.post(
+                "/v1/completions?x=1", json=body, headers={"authorization": f"Bearer {API_KEY}"}
+            )
         return answer, recording
 
     answer, recording = run(scenario)
     assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == COMPLETION_SECRET
-    assert seen[0]["body"] == body and seen[0]["headers"]["authorization"] == f"Bearer {API_KEY}"
+    assert stub.seen[0]["body"] == body and stub.seen[0]["headers"]["authorization"] == f"Bearer {API_KEY}"
     assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 4, "output_tokens": 2}]
 
 
-def test_other_paths_are_forwarded_and_not_recorded() -> None:
+def test_other_paths_are_forwarded_and_not_recorded(stub: Stub) -> None:
     async def scenario():
-        recording = Recording(stub_upstream())
-        answer = await recording.client.get("/v1/models")
-        missing = await recording.client.get("/nowhere")
-        await recording.close()
+        async with Recording(stub.url) as recording:
+            answer = await recording.client.get("/v1/models")
+            missing = await recording.client.get("/nowhere")
         return answer, missing, recording
 
     answer, missing, recording = run(scenario)
@@ -266,32 +297,29 @@ def test_other_paths_are_forwarded_and_not_recorded() -> None:
     assert recording.lines == [] and recording.order.arrived == 0
 
 
-def test_after_max_requests_requests_are_forwarded_unrecorded_and_the_limit_is_signalled() -> None:
+def test_after_max_requests_requests_are_forwarded_unrecorded_and_the_limit_is_signalled(stub: Stub) -> None:
     async def scenario():
-        recording = Recording(stub_upstream(), max_requests=2)
-        answers = [
-            await recording.client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}) for _ in range(3)
-        ]
-        await recording.close()
+        async with Recording(stub.url, max_requests=2) as recording:
+            body = {"prompt": "a", "max_tokens": 1}
+            answers = [await recording.client.post("/v1/completions", json=body) for _ in range(3)]
         return answers, recording
 
     answers, recording = run(scenario)
-    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.status_code for a in answers] == [200, 200, 200] and len(stub.seen) == 3
     assert len(recording.lines) == 2 and recording.proxy.limit_reached.is_set()
 
 
-def test_rows_keep_arrival_order_when_answers_finish_out_of_order() -> None:
+def test_rows_keep_arrival_order_when_answers_finish_out_of_order(stub: Stub) -> None:
     delays = [0.3, 0.0, 0.15, 0.05]
 
     async def scenario():
-        recording = Recording(stub_upstream())
-        tasks = []
-        for i, delay in enumerate(delays):
-            body = {"prompt": " ".join(["w"] * (i + 1)), "max_tokens": 1, "delay_s": delay, "stream": i % 2 == 1}
-            tasks.append(asyncio.ensure_future(recording.client.post("/v1/completions", json=body)))
-            await asyncio.sleep(0.02)
-        answers = await asyncio.gather(*tasks)
-        await recording.close()
+        async with Recording(stub.url) as recording:
+            tasks = []
+            for i, delay in enumerate(delays):
+                body = {"prompt": " ".join(["w"] * (i + 1)), "max_tokens": 1, "delay_s": delay, "stream": i % 2 == 1}
+                tasks.append(asyncio.ensure_future(recording.client.post("/v1/completions", json=body)))
+                await asyncio.sleep(0.02)
+            answers = await asyncio.gather(*tasks)
         return answers, recording
 
     answers, recording = run(scenario)
@@ -302,19 +330,16 @@ def test_rows_keep_arrival_order_when_answers_finish_out_of_order() -> None:
     assert arrivals == sorted(arrivals) and arrivals[0] == 0.0 and arrivals[-1] >= 0.05
 
 
-def test_upstream_errors_and_an_unreachable_upstream_are_rows_with_status_error() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
+def test_upstream_errors_and_an_unreachable_upstream_are_rows_with_status_error(stub: Stub) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens there
 
     async def scenario():
-        recording = Recording(stub_upstream())
-        failed = await recording.client.post("/v1/completions", json={"prompt": "a b", "fail": True})
-        await recording.close()
-        unreachable = Recording(stub_upstream())
-        unreachable.proxy._client = httpx.AsyncClient(transport=httpx.MockTransport(refuse), base_url="http://x")
-        gateway = await unreachable.client.post("/v1/completions", json={"prompt": "a b"})
-        await unreachable.proxy._client.aclose()
-        await unreachable.close()
+        async with Recording(stub.url) as recording:
+            failed = await recording.client.post("/v1/completions", json={"prompt": "a b", "fail": True})
+        async with Recording(closed) as unreachable:
+            gateway = await unreachable.client.post("/v1/completions", json={"prompt": "a b"})
         return failed, recording, gateway, unreachable
 
     failed, recording, gateway, unreachable = run(scenario)
@@ -322,86 +347,6 @@ def test_upstream_errors_and_an_unreachable_upstream_are_rows_with_status_error(
     assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 0, "output_tokens": 0, "status": "error"}]
     assert gateway.status_code == 502
     assert [row["status"] for row in unreachable.rows()] == ["error"]
-
-
-def test_a_client_that_goes_away_mid_stream_leaves_an_aborted_row() -> None:
-    body = json.dumps({"prompt": "a b c", "max_tokens": 50, "stream": True, "chunk_delay_s": 0.02}).encode()
-
-    async def slow_stream(request: httpx.Request) -> httpx.Response:
-        async def chunks():
-            for i in range(50):
-                await asyncio.sleep(0.02)
-                yield f'data: {{"choices": [{{"text": "{i}"}}]}}\n\n'.encode()
-
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chunks())
-
-    async def scenario():
-        recording = Recording(stub_upstream())
-        recording.proxy._client = httpx.AsyncClient(transport=httpx.MockTransport(slow_stream), base_url="http://x")
-        got_bytes = asyncio.Event()
-        sent: list[dict[str, Any]] = []
-        calls = 0
-
-        async def receive() -> dict[str, Any]:
-            nonlocal calls
-            calls += 1
-            if calls == 1:
-                return {"type": "http.request", "body": body, "more_body": False}
-            await got_bytes.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-            if message["type"] == "http.response.body" and message.get("body"):
-                got_bytes.set()
-
-        await asyncio.wait_for(recording.proxy(_scope(len(body)), receive, send), timeout=10)
-        await recording.proxy._client.aclose()
-        await recording.close()
-        return sent, recording
-
-    sent, recording = run(scenario)
-    chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
-    assert 1 <= len(chunks) < 50
-    assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 0, "output_tokens": 0, "status": "aborted"}]
-
-
-def test_a_client_that_goes_away_before_the_answer_cancels_the_upstream_request() -> None:
-    body = json.dumps({"prompt": "a b c", "max_tokens": 5}).encode()
-    cancelled = []
-
-    async def slow_answer(request: httpx.Request) -> httpx.Response:
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-        return httpx.Response(200, json={})
-
-    async def scenario():
-        recording = Recording(stub_upstream())
-        recording.proxy._client = httpx.AsyncClient(transport=httpx.MockTransport(slow_answer), base_url="http://x")
-        messages = iter([{"type": "http.request", "body": body, "more_body": False}])
-        sent: list[dict[str, Any]] = []
-
-        async def receive() -> dict[str, Any]:
-            message = next(messages, None)
-            if message is None:
-                await asyncio.sleep(0.2)  # the client hangs up while the upstream is still working
-                return {"type": "http.disconnect"}
-            return message
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        await asyncio.wait_for(recording.proxy(_scope(len(body)), receive, send), timeout=10)
-        await recording.proxy._client.aclose()
-        await recording.close()
-        return recording
-
-    recording = run(scenario)
-    assert cancelled == [True]
-    assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 0, "output_tokens": 0, "status": "aborted"}]
 
 
 def _scope(length: int) -> dict[str, Any]:
@@ -420,7 +365,57 @@ def _scope(length: int) -> dict[str, Any]:
     }
 
 
-def test_the_file_holds_no_text_no_key_and_only_keyed_ids() -> None:
+def _hang_up(recording: Recording, body: bytes, *, after_bytes: bool, wait_s: float = 0.0) -> list[dict[str, Any]]:
+    """Call the proxy as an ASGI server would for a client that hangs up: after the first body bytes it
+    receives, or `wait_s` after sending its request. Returns what the proxy sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def scenario():
+        got_bytes = asyncio.Event()
+        calls = 0
+
+        async def receive() -> dict[str, Any]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return {"type": "http.request", "body": body, "more_body": False}
+            if after_bytes:
+                await got_bytes.wait()
+            else:
+                await asyncio.sleep(wait_s)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body" and message.get("body"):
+                got_bytes.set()
+
+        async with recording:
+            await asyncio.wait_for(recording.proxy(_scope(len(body)), receive, send), timeout=10)
+            await asyncio.sleep(0.3)  # the upstream notices
+
+    run(scenario)
+    return sent
+
+
+def test_a_client_that_goes_away_mid_stream_leaves_an_aborted_row(stub: Stub) -> None:
+    body = json.dumps({"prompt": "a b c", "max_tokens": 50, "stream": True, "chunk_delay_s": 0.02}).encode()
+    recording = Recording(stub.url)
+    sent = _hang_up(recording, body, after_bytes=True)
+    chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
+    assert 1 <= len(chunks) < 50
+    assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 0, "output_tokens": 0, "status": "aborted"}]
+
+
+def test_a_client_that_goes_away_before_the_answer_cancels_the_upstream_request(stub: Stub) -> None:
+    body = json.dumps({"prompt": "a b c", "max_tokens": 5, "watch_s": 5}).encode()
+    recording = Recording(stub.url)
+    _hang_up(recording, body, after_bytes=False, wait_s=0.2)
+    assert {"gone": True} in stub.seen  # the upstream saw its client go, as it would without the proxy
+    assert recording.rows() == [{"arrival_s": 0.0, "prompt_tokens": 0, "output_tokens": 0, "status": "aborted"}]
+
+
+def test_the_file_holds_no_text_no_key_and_only_keyed_ids(stub: Stub) -> None:
     system = "You are a careful assistant. " * 30  # 870 characters: one whole shared block and more
     bodies = [
         {
@@ -434,15 +429,14 @@ def test_the_file_holds_no_text_no_key_and_only_keyed_ids() -> None:
     async def scenario():
         recordings = []
         for _ in range(2):
-            recording = Recording(stub_upstream(), tokenizer=CharTokenizer(), session_header="x-session")
-            for body in bodies:
+            async with Recording(stub.url, tokenizer=CharTokenizer()) as recording:
+                for body in bodies:
+                    await recording.client.post(
+                        "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {API_KEY}"}
+                    )
                 await recording.client.post(
-                    "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {API_KEY}"}
+                    "/v1/completions", json={"prompt": PROMPT_SECRET, "stream": True}, headers={"x-session": "bob"}
                 )
-            await recording.client.post(
-                "/v1/completions", json={"prompt": PROMPT_SECRET, "stream": True}, headers={"x-session": "bob"}
-            )
-            await recording.close()
             recordings.append(recording)
         return recordings
 
@@ -453,7 +447,8 @@ def test_the_file_holds_no_text_no_key_and_only_keyed_ids() -> None:
     rows = first.rows()
     assert set(rows[0]) == {"arrival_s", "prompt_tokens", "output_tokens", "prefix_ids", "session_id"}
     # The system prompt's first 512-token block is shared, the rest of each prompt is not.
-    assert rows[0]["prefix_ids"][0] == rows[1]["prefix_ids"][0] and rows[0]["prefix_ids"][1] != rows[1]["prefix_ids"][1]
+    assert rows[0]["prefix_ids"][0] == rows[1]["prefix_ids"][0]
+    assert rows[0]["prefix_ids"][1] != rows[1]["prefix_ids"][1]
     assert rows[0]["session_id"] == rows[1]["session_id"] != rows[2]["session_id"]
     again = second.rows()
     assert again[0]["prefix_ids"][0] != rows[0]["prefix_ids"][0] and again[0]["session_id"] != rows[0]["session_id"]
@@ -462,16 +457,10 @@ def test_the_file_holds_no_text_no_key_and_only_keyed_ids() -> None:
     assert len(rows[0]["prefix_ids"]) == -(-len(template) // 512)
 
 
-def test_with_a_tokenizer_tokens_are_counted_when_the_upstream_reports_none() -> None:
-    async def bare(request: Request) -> Response:
-        return JSONResponse({"choices": [{"text": "abcdef"}]})
-
-    upstream = Starlette(routes=[Route("/v1/completions", bare, methods=["POST"])])
-
+def test_with_a_tokenizer_tokens_are_counted_when_the_upstream_reports_none(stub: Stub) -> None:
     async def scenario():
-        recording = Recording(upstream, tokenizer=CharTokenizer())
-        await recording.client.post("/v1/completions", json={"prompt": "xyz"})
-        await recording.close()
+        async with Recording(stub.url, tokenizer=CharTokenizer()) as recording:
+            await recording.client.post("/v1/completions", json={"prompt": "xyz", "bare": True})
         return recording
 
     rows = run(scenario).rows()
@@ -543,24 +532,10 @@ def test_click_range_errors_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--max-requests" in result.output
 
 
-def _serve_in_thread(app: Any) -> tuple[Any, int]:
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return server, sock.getsockname()[1]
-
-
-def test_sigterm_stops_cleanly_writing_finished_rows_and_requests_in_flight(tmp_path: Path) -> None:
-    upstream, port = _serve_in_thread(stub_upstream())
+def test_sigterm_stops_cleanly_writing_finished_rows_and_requests_in_flight(tmp_path: Path, stub: Stub) -> None:
     out = tmp_path / "trace.jsonl"
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "tuner", "record", "--upstream", f"http://127.0.0.1:{port}"]
+        [sys.executable, "-m", "tuner", "record", "--upstream", stub.url]
         + ["--listen", "127.0.0.1:0", "--out", str(out), "--grace-s", "0.5", "--progress-s", "0.2"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -588,7 +563,6 @@ def test_sigterm_stops_cleanly_writing_finished_rows_and_requests_in_flight(tmp_
     finally:
         if proxy.poll() is None:
             proxy.kill()
-        upstream.should_exit = True
     assert proxy.returncode == 0, output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0] == {"arrival_s": 0.0, "prompt_tokens": 2, "output_tokens": 3}

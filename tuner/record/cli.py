@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import click
 
@@ -69,17 +70,16 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 def check_upstream(value: str) -> str:
     """The upstream base URL without a trailing slash; raise ConfigError unless http(s)://host[:port][/path]."""
-    import httpx
-
     try:
-        url = httpx.URL(value)
-    except (httpx.InvalidURL, TypeError) as exc:
+        url = urlsplit(value)
+        url.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:
         raise ConfigError(f"--upstream is not a URL: {value!r} ({exc})") from None
-    if url.scheme not in ("http", "https") or not url.host:
+    if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"--upstream must be an http:// or https:// URL with a host, but got {value!r}")
     if url.query or url.fragment:
         raise ConfigError(f"--upstream must not carry a query or fragment, but got {value!r}")
-    return str(url).rstrip("/")
+    return value.rstrip("/")
 
 
 def is_loopback(host: str) -> bool:
@@ -153,11 +153,11 @@ def _run(coroutine: Any) -> Any:
 async def _record(
     settings: RecordSettings, sock: socket.socket, out: TextIO, tokenizer: Any, progress: Callable[[str], None]
 ) -> RecordSummary:
-    import httpx
     import uvicorn
 
     from tuner.record.proxy import PromptTokens, RecordingProxy
     from tuner.record.trace import ArrivalOrder, Keyring
+    from tuner.record.upstream import AiohttpUpstream
 
     def write(lines: list[str]) -> None:
         out.writelines(line + "\n" for line in lines)
@@ -165,12 +165,9 @@ async def _record(
 
     order = ArrivalOrder(write)
     prompt_tokens = PromptTokens(tokenizer) if tokenizer is not None else None
-    # No pool or read limits: the proxy must not queue or time out what the upstream would serve.
-    timeout = httpx.Timeout(None, connect=30.0)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=settings.upstream, timeout=timeout, limits=limits) as client:
+    async with AiohttpUpstream(settings.upstream) as upstream:
         proxy = RecordingProxy(
-            client,
+            upstream,
             order,
             Keyring(),
             tokenizer=prompt_tokens,

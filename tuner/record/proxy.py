@@ -1,11 +1,11 @@
 """The recording proxy: an ASGI application that forwards every request to the upstream server as it comes
 and files one row per completion request (`/v1/completions`, `/v1/chat/completions`).
 
-Bytes pass through as they arrive (httpx's streaming client, Starlette's streaming response); what is
-read of them is bounded (see `tuner.record.usage`). For a stream whose client did not ask for usage,
-the proxy asks the upstream for it (`stream_options.include_usage`) and keeps the final usage-only
-chunk from the client, who receives exactly what it would without the proxy. The upstream client
-is passed in, so tests give it an in-process transport.
+Bytes pass through as they arrive (an `Upstream` answer's raw chunks, Starlette's streaming response);
+what is read of them is bounded (see `tuner.record.usage`). For a stream whose client did not ask for
+usage, the proxy asks the upstream for it (`stream_options.include_usage`) and keeps the final
+usage-only chunk from the client, who receives exactly what it would without the proxy. The proxy
+defines the `Upstream` it needs; `tuner.record.upstream` implements it over aiohttp.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
-import httpx
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -41,6 +41,36 @@ _HOP_BY_HOP = {
     b"content-length",
 }
 T = TypeVar("T")
+
+
+class UpstreamError(Exception):
+    """The upstream server could not be reached, or broke off an answer."""
+
+
+@dataclass(frozen=True)
+class UpstreamAnswer:
+    """An answer whose status and headers are in: its body as raw chunks, and how to let it go.
+
+    `close` must be awaited however the answer ends; a body not read to its end closes the connection.
+    """
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    chunks: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]]
+
+    def header(self, name: bytes) -> str | None:
+        return next((v.decode("latin-1") for k, v in self.headers if k.lower() == name), None)
+
+
+class Upstream(Protocol):
+    """What the proxy needs of an HTTP client: one request out, its answer back as a stream."""
+
+    async def send(
+        self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: Any
+    ) -> UpstreamAnswer: ...  # raises UpstreamError
+
+
 OVERHEAD_SAMPLES = 100_000
 """How many of the latest requests' proxy times are kept for the summary."""
 
@@ -110,7 +140,7 @@ def _text_content(content: Any) -> Any:
 
 
 class RecordingProxy:
-    """The ASGI application: forwards everything to `client`'s base URL, records completion requests into `order`.
+    """The ASGI application: forwards everything to `upstream`, records completion requests into `order`.
 
     `session_header` names a request header whose value identifies the session (else the body's
     `user` field); `tokenizer`, when given, makes prefix ids and counts tokens the upstream does not
@@ -120,7 +150,7 @@ class RecordingProxy:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         order: ArrivalOrder,
         keyring: Keyring,
         *,
@@ -130,7 +160,7 @@ class RecordingProxy:
         max_body_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self._client = client
+        self._upstream = upstream
         self.order = order
         self._keyring = keyring
         self._tokenizer = tokenizer
@@ -157,24 +187,23 @@ class RecordingProxy:
             response = await self._forwarded(request)
         await response(scope, receive, send)
 
-    def _upstream_request(self, request: Request, content: Any, *, identity: bool = False) -> httpx.Request:
+    def _send(self, request: Request, content: Any, *, identity: bool = False) -> Awaitable[UpstreamAnswer]:
         headers = [(k, v) for k, v in request.headers.raw if k not in _HOP_BY_HOP]
         if not isinstance(content, bytes) and (length := request.headers.get("content-length")) is not None:
             headers.append((b"content-length", length.encode()))  # a streamed body keeps its declared length
         if identity:  # a recorded answer is read on its way: ask for it uncompressed
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"] + [(b"accept-encoding", b"identity")]
-        url = httpx.URL(path=request.url.path, query=request.url.query.encode("ascii"))
-        return self._client.build_request(request.method, url, headers=headers, content=content)
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return self._upstream.send(request.method, target, headers, content)
 
     async def _forwarded(self, request: Request) -> Response:
         """Any other request: passed on unchanged, both ways, and not recorded."""
         try:
             has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
-            call = self._upstream_request(request, request.stream() if has_body else None)
-            upstream = await self._client.send(call, stream=True)
-        except httpx.HTTPError as exc:
+            answer = await self._send(request, request.stream() if has_body else None)
+        except UpstreamError as exc:
             return _bad_gateway(exc)
-        return _passthrough(upstream, upstream.aiter_raw(), close=upstream.aclose)
+        return _Relayed(answer, answer.chunks)
 
     async def _recorded(self, request: Request, at: float) -> Response:
         session = request.headers.get(self._session_header) if self._session_header else None
@@ -204,28 +233,26 @@ class RecordingProxy:
         prompt = (
             tokenizer.submit(tokenizer.of, request.url.path, payload) if tokenizer is not None and payload else None
         )
-        call = self._upstream_request(request, body, identity=True)
         sent = self._clock()
         try:
-            upstream = await _unless_gone(self._client.send(call, stream=True), request.receive)
-        except httpx.HTTPError as exc:
+            answer = await _unless_gone(self._send(request, body, identity=True), request.receive)
+        except UpstreamError as exc:
             await self._finish(ticket, prompt, None, "error", "")
             return _bad_gateway(exc)
         except _ClientGone:
             # As without the proxy: the client's going cancels the upstream request (vLLM then aborts it).
             self._abandon(ticket, prompt)
             return Response(status_code=499)
-        events = "text/event-stream" in upstream.headers.get("content-type", "")
-        return _passthrough(
-            upstream,
-            self._relay(upstream, ticket, prompt, events, added_usage, before=sent - at),
-            close=upstream.aclose,
+        events = _is_event_stream(answer)
+        return _Relayed(
+            answer,
+            self._relay(answer, ticket, prompt, events, added_usage, before=sent - at),
             on_close=lambda: self._abandon(ticket, prompt),
         )
 
     async def _relay(
         self,
-        upstream: httpx.Response,
+        answer: UpstreamAnswer,
         ticket: Ticket,
         prompt: asyncio.Future[list[int] | None] | None,
         events: bool,
@@ -237,7 +264,7 @@ class RecordingProxy:
         body = None if events else BodyScanner(keep_text=keep_text)
         first = True
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in answer.chunks:
                 received = self._clock()
                 if stream is not None:
                     parts = stream.feed(chunk)
@@ -251,7 +278,7 @@ class RecordingProxy:
                     if first:  # the client has the first bytes: the proxy's share of the time to them
                         self.overheads.append(before + self._clock() - received)
                         first = False
-        except httpx.HTTPError:
+        except UpstreamError:
             # The upstream broke off mid-answer: recorded as an error, and the client's answer is cut too.
             await self._finish(ticket, prompt, None, "error", "")
             raise
@@ -261,7 +288,7 @@ class RecordingProxy:
             self.overheads.append(before)
         usage = stream.usage if stream is not None else body.usage() if body is not None else None
         text = stream.text if stream is not None else body.text if body is not None else ""
-        status = "ok" if upstream.is_success else "error"
+        status = "ok" if 200 <= answer.status < 300 else "error"
         await self._finish(ticket, prompt, usage, status, text)
 
     async def _finish(
@@ -351,41 +378,34 @@ def _asks_for_usage(payload: dict[str, Any]) -> bool:
     return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
-def _bad_gateway(error: httpx.HTTPError) -> Response:
-    return Response(f"upstream unreachable: {type(error).__name__}\n", status_code=502, media_type="text/plain")
+def _bad_gateway(error: UpstreamError) -> Response:
+    return Response(f"upstream unreachable: {error}\n", status_code=502, media_type="text/plain")
 
 
-def _passthrough(
-    upstream: httpx.Response,
-    content: AsyncIterator[bytes],
-    *,
-    close: Callable[[], Any],
-    on_close: Callable[[], None] | None = None,
-) -> Response:
-    """A streaming response with the upstream's status and headers; the upstream is closed however it ends."""
-    return _Relayed(upstream, content, close=close, on_close=on_close)
+def _is_event_stream(answer: UpstreamAnswer) -> bool:
+    return "text/event-stream" in (answer.header(b"content-type") or "")
 
 
 class _Relayed(StreamingResponse):
-    """Starlette's streaming response, plus: the upstream's headers verbatim, and a cleanup that always runs
-    (the client gone, the server stopping): the upstream answer is closed and, if the content did not
-    run to its end, `on_close` is told."""
+    """Starlette's streaming response, plus: the upstream's status and headers verbatim, and a cleanup that
+    always runs (the client gone, the server stopping): the upstream answer is let go and, if the
+    content did not run to its end, `on_close` is told."""
 
     def __init__(
         self,
-        upstream: httpx.Response,
+        answer: UpstreamAnswer,
         content: AsyncIterator[bytes],
         *,
-        close: Callable[[], Any],
-        on_close: Callable[[], None] | None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self._done = False
-        super().__init__(self._tracked(content), status_code=upstream.status_code)
-        self.raw_headers = [(k.lower(), v) for k, v in upstream.headers.raw if k.lower() not in _HOP_BY_HOP]
-        if upstream.headers.get("content-length") is not None and not _may_change(upstream):
-            self.raw_headers.append((b"content-length", upstream.headers["content-length"].encode()))
+        super().__init__(self._tracked(content), status_code=answer.status)
+        self.raw_headers = [(k.lower(), v) for k, v in answer.headers if k.lower() not in _HOP_BY_HOP]
+        length = answer.header(b"content-length")
+        if length is not None and not _is_event_stream(answer):  # only an event stream may lose bytes
+            self.raw_headers.append((b"content-length", length.encode("latin-1")))
+        self._answer = answer
         self._content = content
-        self._close = close
         self._on_close = on_close
 
     async def _tracked(self, content: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -399,13 +419,8 @@ class _Relayed(StreamingResponse):
         finally:
             if not self._done and self._on_close is not None:
                 self._on_close()
-            for iterator in (self.body_iterator, self._content):
+            for iterator in (self.body_iterator, self._content, self._answer.chunks):
                 aclose = getattr(iterator, "aclose", None)
                 if aclose is not None:
                     await aclose()
-            await self._close()
-
-
-def _may_change(upstream: httpx.Response) -> bool:
-    """Whether the proxy may drop bytes of this answer (a usage chunk of an event stream)."""
-    return "text/event-stream" in upstream.headers.get("content-type", "")
+            await self._answer.close()
