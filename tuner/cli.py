@@ -205,6 +205,7 @@ def _show(value) -> str:
 
 
 def _register_subcommands() -> None:
+    from tuner.record.cli import record
     from tuner.report_cli import export, report
     from tuner.validate_cli import validate
     from tuner.workload.cli import workload
@@ -213,6 +214,7 @@ def _register_subcommands() -> None:
     main.add_command(report, "report")
     main.add_command(export, "export")
     main.add_command(validate, "validate")
+    main.add_command(record, "record")
 
 
 _register_subcommands()

@@ -53,6 +53,7 @@ from tuner.tracking import (
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, REPORTED_METRICS, TrialStatus
 from tuner.workload.formats import load_workload
 from tuner.workload.records import Workload
+from tuner.workload.rows import describe_dropped
 from tuner.workload.transforms import TransformSpec, apply_transforms
 
 log = logging.getLogger(__name__)
@@ -383,7 +384,7 @@ def dry_run_summary(prepared: PreparedSearch) -> list[str]:
         f"{'CPU' if prepared.on_cpu else 'GPU'} engines",
         f"workload {provenance.get('source')} ({provenance.get('format')}): {len(prepared.workload.requests)} "
         f"requests over {prepared.workload.duration_s:.1f}s; reference load {prepared.reference_rps:.2f} rps "
-        f"per accelerator; dropped {provenance.get('dropped') or 'none'}",
+        f"per accelerator; {describe_dropped(provenance.get('dropped') or {})}",
         f"each step replays the same sample: {len(sample.starts)} windows of the trace at random offsets, "
         f"{sample.min_measured} measured requests or {sample.min_window_s:g}s of them, whichever is more "
         f"(up to {sample.capacity}{passes}), after {len(sample.warmup)} warm-up requests",
@@ -594,6 +595,12 @@ def _run(
         f"{prepared.sample.min_window_s:g}s; "
         f"MLflow {prepared.tracking_uri}"
     )
+    dropped = prepared.workload.provenance.get("dropped") or {}
+    if dropped:  # e.g. a recording's failed and aborted requests: said, never silently left out
+        progress(
+            f"workload {prepared.workload.provenance.get('source')}: {len(prepared.workload.requests)} requests "
+            f"replayed, {describe_dropped(dropped)}"
+        )
     status = "FINISHED"
     confirmation = None
     try:

@@ -18,6 +18,11 @@ JSON lines (UTF-8), one request per line, in arrival order:
 - `prefix_ids` (list of integers, optional): prompt-prefix blocks of 512 tokens each. Requests whose
   lists share a leading run share that many prompt blocks, so prefix caching is exercised for real.
 - `session_id` (string, optional): the conversation or user the request belongs to.
+- `status` (string, optional, "ok" when absent): what became of the request when it was recorded:
+  "ok", "error" (the server answered with an error or could not be reached), "aborted" (the client
+  went away, or the recording stopped, before the answer was complete) or "unfinished" (still running
+  when the recorder had to write it). Rows that are not "ok" are counted and dropped on import, with
+  their status as the reason: their token counts are not what a replay should force.
 
 Any other key is an error (a typo must not pass silently). Arrivals are re-based on import so the
 first request arrives at 0 s. Requests with 0 prompt or 0 output tokens cannot be replayed: they
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 from tuner.errors import WorkloadError
@@ -44,14 +50,20 @@ CANONICAL_KEYS = (
     "output_tokens",
     "prefix_ids",
     "session_id",
+    "status",
 )
+STATUSES = ("ok", "error", "aborted", "unfinished")
+"""The values of `status`: "ok" rows are replayed, the others are counted and dropped."""
 
 
 def read_canonical(source: SourceText, options: ReadOptions) -> Parsed:
     """Read the canonical JSON-lines format; `prompt` text needs `options.tokenizer`."""
     order = TimeOrder(source, "arrival_s")
     rows: list[Row] = []
+    read = 0
+    dropped: Counter[str] = Counter()
     for number, record in json_objects(source):
+        read += 1
         unknown = sorted(set(record) - set(CANONICAL_KEYS))
         if unknown:
             raise source.error(
@@ -65,6 +77,9 @@ def read_canonical(source: SourceText, options: ReadOptions) -> Parsed:
         if arrival < 0:
             raise source.error(number, f"arrival_s is negative: {arrival!r}")
         order.check(number, arrival)
+        status = record.get("status", "ok")
+        if status not in STATUSES:
+            raise source.error(number, f"status must be one of {', '.join(STATUSES)}, but got {status!r}")
         text = record.get("prompt")
         if text is not None and not isinstance(text, str):
             raise source.error(number, "prompt is not a string")
@@ -76,18 +91,22 @@ def read_canonical(source: SourceText, options: ReadOptions) -> Parsed:
             raise source.error(number, "'prompt' text needs a tokenizer (pass --tokenizer)")
         else:
             prompt_tokens = len(options.tokenizer(text))
+        output_tokens = json_count(source, number, "output_tokens", record["output_tokens"])
+        if status != "ok":
+            dropped[f"status {status}"] += 1
+            continue
         rows.append(
             Row(
                 line=number,
                 time=arrival,
                 prompt_tokens=prompt_tokens,
-                output_tokens=json_count(source, number, "output_tokens", record["output_tokens"]),
+                output_tokens=output_tokens,
                 prefix_ids=_prefix_ids(source, number, record.get("prefix_ids", [])),
                 session_id=_session_id(source, number, record.get("session_id")),
                 prompt_text=text,
             )
         )
-    return Parsed(rows=rows, rows_read=len(rows), ticks_per_second=1, extra={"time_unit": "s"})
+    return Parsed(rows=rows, rows_read=read, ticks_per_second=1, dropped=dropped, extra={"time_unit": "s"})
 
 
 def _prefix_ids(source: SourceText, line: int, raw: object) -> tuple[int, ...]:
