@@ -249,8 +249,8 @@ def validate(
 
     config = dict(record.config)
     if workload:  # another trace, read as `workload inspect` reads it (format and time unit detected)
-        path = str(Path(workload).expanduser().resolve())
-        config["workload"] = {**(config.get("workload") or {}), "path": path, "format": "auto", "time_unit": None}
+        trace = str(Path(workload).expanduser().resolve())
+        config["workload"] = {**(config.get("workload") or {}), "path": trace, "format": "auto", "time_unit": None}
     with tempfile.TemporaryDirectory(prefix="tuner-validate-") as scratch:
         recorded = Path(scratch) / "search_config.yaml"
         recorded.write_text(yaml.safe_dump(config, sort_keys=False))

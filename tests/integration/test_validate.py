@@ -78,14 +78,15 @@ def test_a_server_that_cannot_start_is_exit_code_3_with_its_own_message(tmp_path
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()
     uri = build_store(tmp_path, "broken", standard_trials(), slo=LENIENT, model=str(not_a_model))
-    result = CliRunner().invoke(
-        main,
-        ["validate", "--experiment", "broken", "--tracking-uri", uri, "--out", str(tmp_path / "out"), "--rates", "1"],
-    )
+    # Traffic the search never saw (a public production trace) is read before anything starts.
+    azure = Path(__file__).resolve().parents[3] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+    argv = ["validate", "--experiment", "broken", "--tracking-uri", uri, "--out", str(tmp_path / "out"), "--rates", "1"]
+    result = CliRunner().invoke(main, [*argv, "--workload", str(azure)])
     assert _servers_left() == []
     assert result.exit_code == 3, result.output[-4000:]
     lines = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "the vLLM server exited before it was ready" in lines[0], result.output[-2000:]
+    assert f"replaying {azure} (given with --workload, " in result.output
     assert "Traceback" not in result.output
 
 
@@ -96,13 +97,10 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
     uri = build_store(tmp_path, "serve-validate", standard_trials(), slo=LENIENT, model=str(ensure_tiny_model()))
     out = tmp_path / "validated"
     argv = ["validate", "--experiment", "serve-validate", "--tracking-uri", uri, "--out", str(out)]
-    azure = Path(__file__).resolve().parents[3] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
-    # Traffic the search never saw: a public production trace in place of the bundled workload.
-    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "2", "--workload", str(azure)])
+    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "2"])
     assert _servers_left() == [], "Serve, its Ray and its engine are stopped"
     assert result.exit_code == 0, result.output[-4000:]
     document = json.loads((out / "validation.json").read_text())
-    assert document["workload"].endswith("AzureLLMInferenceTrace_conv.csv") and "given with --workload" in result.output
     measured = document["measurements"]
     assert sorted((m["stack"], m["config"]) for m in measured) == [
         ("ray-serve", "comparison"),
