@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ExportError
-from tuner.plan import DEFAULT_HEADROOM, ReplicaPlan, replica_plan
+from tuner.plan import DEFAULT_HEADROOM, ReplicaPlan, no_plan_reason, replica_plan
 from tuner.recorded import SearchRecord, TrialRow, coerce_param, load_search, scrub_uri
 from tuner.selection import (
     PICKS,
@@ -33,10 +33,6 @@ from tuner.selection import (
 from tuner.space import POOL_PARAMS
 from tuner.vllm_args import serve_options
 
-NO_PLAN = (
-    "No replica plan: the search recorded no rate profile of its workload; give --target-rps to plan one "
-    "(the replica count is the trial's)."
-)
 # Ray Serve's own health-check defaults, and its failure threshold, which no config can change.
 SERVE_HEALTH_PERIOD_S = 10.0
 SERVE_HEALTH_TIMEOUT_S = 30.0
@@ -384,6 +380,7 @@ def best_document(
     pick: str,
     options: ExportOptions,
     versions: Mapping[str, Any],
+    plan_note: str = "",
 ) -> dict[str, Any]:
     """`best.json`: the params, measured metrics and provenance of the exported trial (no prompt text)."""
     steps = [
@@ -426,7 +423,7 @@ def best_document(
         "metrics": dict(trial.metrics),
         "capacity": capacity_summary(trial),
         "verdict": verdict_summary(record, trial, rejudged=rejudged),
-        "plan": deployment.plan.as_dict() if deployment.plan is not None else {"note": NO_PLAN},
+        "plan": deployment.plan.as_dict() if deployment.plan is not None else {"note": plan_note},
         "steps": steps,
         "deployment": {
             "engine_args": dict(deployment.engine_args),
@@ -594,14 +591,23 @@ def render_export(
             + (f" ({verdict['note']})" if verdict.get("note") else "")
             + "."
         )
-    header += plan.lines() if plan is not None else [NO_PLAN]
+    plan_note = "" if plan is not None else no_plan_reason(planned_from, trial)
+    header += plan.lines() if plan is not None else [plan_note]
     ray_version = (
         (versions.get("ray") or {}).get("version", "2.60.0") if isinstance(versions.get("ray"), Mapping) else "2.60.0"
     )
     serve_yaml = render_serve_llm(deployment, header, app_name=k8s_name(record.experiment))
     in_cluster = render_serve_llm(deployment, header, app_name=k8s_name(record.experiment), host="0.0.0.0")
     best = best_document(
-        record, trial, deployment, slo=slo, rejudged=rejudged, pick=pick, options=options, versions=versions
+        record,
+        trial,
+        deployment,
+        slo=slo,
+        rejudged=rejudged,
+        pick=pick,
+        options=options,
+        versions=versions,
+        plan_note=plan_note,
     )
     return {
         "vllm-serve.yaml": render_vllm_serve(deployment, header),

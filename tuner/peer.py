@@ -29,6 +29,15 @@ from tuner.workload.records import PREFIX_BLOCK_TOKENS
 
 CHUNK = 16  # vLLM's default --timed-trace-chunk-hash-size
 ENGINE_CORE = 0  # the core the tool's first replica claims; the server's engine gets the same one
+
+
+def engine_cores(count: int) -> list[int]:
+    """The first `count` cores this process may run on (all of them when it may run on fewer): where a
+    server's engine goes, as the tool's first replica claims its cores."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return allowed[: max(1, count)] if count < len(allowed) else allowed
+
+
 _BLOCK_CHUNKS = PREFIX_BLOCK_TOKENS // CHUNK
 
 
@@ -40,30 +49,40 @@ def free_port() -> int:
 
 @contextmanager
 def vllm_server(
-    config: Path, work: Path, port: int, *, timeout_s: float = 300, label: str = "server", pinned: bool = True
+    config: Path,
+    work: Path,
+    port: int,
+    *,
+    timeout_s: float = 300,
+    label: str = "server",
+    pinned: bool = True,
+    cores: list[int] | None = None,
 ) -> Iterator[str]:
     """vLLM's OpenAI server from the `vllm serve --config` file `config`, as written except that it
-    listens on 127.0.0.1:`port`; its engine bound to ENGINE_CORE, the API server on the other cores (as
-    the tool places its replicas). Yields the base URL; the server's whole process group is stopped on
-    the way out, whatever happens. Raises StackError if it exits or is not ready within `timeout_s`."""
+    listens on 127.0.0.1:`port`; unless `pinned` is False, its engine bound to `cores` (default: the
+    first allowed core) with one OpenMP thread each, the API server on the other cores (as the tool
+    places its replicas). Yields the base URL; the server's whole process group is stopped on the way
+    out, whatever happens. Raises StackError if it cannot start, exits or is not ready within `timeout_s`."""
     from trainables.vllm_engine import engine_cpu_env, other_cores, set_process_affinity, start_pinned
 
+    cores = (cores or engine_cores(1)) if pinned else []
     env = {
         **os.environ,
-        **(engine_cpu_env([ENGINE_CORE]) if pinned else {}),
+        **(engine_cpu_env(cores) if cores else {}),
         "VLLM_LOGGING_LEVEL": "WARNING",
         "TOKENIZERS_PARALLELISM": "false",
     }
     log_path = work / f"{label}-{port}.log"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(config)]
     with log_path.open("w") as log:
-        server = start_pinned(
-            [*command, "--host", "127.0.0.1", "--port", str(port)], [ENGINE_CORE] if pinned else [], env=env, stdout=log
-        )
+        try:
+            server = start_pinned([*command, "--host", "127.0.0.1", "--port", str(port)], cores, env=env, stdout=log)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise StackError(f"the vLLM server could not be started: {error}") from None
         try:
             _wait_ready(port, server, log_path, timeout_s)
-            if pinned:
-                set_process_affinity(server.pid, other_cores([ENGINE_CORE]))
+            if cores:
+                set_process_affinity(server.pid, other_cores(cores))
             yield f"http://127.0.0.1:{port}"
         finally:
             stop_group(server)
@@ -139,10 +158,21 @@ def write_timed_trace(sample: StepSample, rate_rps: float, path: Path, *, step: 
 
 
 def bench(
-    url: str, trace: Path, count: int, *, model_path: str, served_name: str, work: Path, name: str, seed: int
+    url: str,
+    trace: Path,
+    count: int,
+    *,
+    model_path: str,
+    served_name: str,
+    work: Path,
+    name: str,
+    seed: int,
+    engine: list[int] | None = None,
+    timeout_s: float = 1800,
 ) -> dict[str, Any]:
-    """`vllm bench serve --dataset-name timed_trace --self-timed --save-detailed` over `trace`; the raw
-    result (per-request ttfts, itls, latencies, start times, errors)."""
+    """`vllm bench serve --dataset-name timed_trace --self-timed --save-detailed` over `trace`, the client
+    off the `engine` cores (default: the first allowed core); the raw result (per-request ttfts, itls,
+    latencies, start times, errors). StackError if it fails, hangs past `timeout_s` or writes no result."""
     command = [
         sys.executable,
         "-m",
@@ -182,16 +212,34 @@ def bench(
         str(seed),
     ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
-    # The client off the engine's core, as the tool's replay client is.
-    others = sorted(os.sched_getaffinity(0) - {ENGINE_CORE}) or sorted(os.sched_getaffinity(0))
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, others)
-    )
+    # The client off the engine's cores, as the tool's replay client is.
+    allowed = set(os.sched_getaffinity(0))
+    others = sorted(allowed - set(engine or engine_cores(1))) or sorted(allowed)
+    try:
+        done = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, others),
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise StackError(f"vllm bench serve did not finish within {timeout_s:.0f}s: is the server stuck?") from None
     if done.returncode != 0:
         raise StackError(f"vllm bench serve failed: {' | '.join(done.stderr.strip().splitlines()[-3:])}")
-    raw = json.loads((work / name).read_text())
-    (work / name).unlink()  # it holds generated text: keep nothing of it
+    result = work / name
+    if not result.is_file():
+        raise StackError(f"vllm bench serve wrote no result ({result}): {' | '.join(done.stdout.splitlines()[-2:])}")
+    raw = json.loads(result.read_text())
+    result.unlink()  # it holds generated text: keep nothing of it
     raw.pop("generated_texts", None)
+    missing = [k for k in ("start_times", "ttfts", "latencies", "errors", "output_lens") if k not in raw]
+    if missing or len(raw.get("start_times") or []) != count:
+        raise StackError(
+            f"vllm bench serve's result lacks per-request values ({', '.join(missing) or 'count mismatch'}): "
+            "it needs --save-detailed, which this vLLM may not support"
+        )
     return raw
 
 

@@ -155,6 +155,20 @@ def replica_plan(
     return ReplicaPlan(per_replica, source, headroom, operating, rates, replicas, low, high, ongoing, in_flight)
 
 
+def no_plan_reason(record: SearchRecord, trial: TrialRow) -> str:
+    """Why `replica_plan` gave None for `trial`, in one sentence for the exported files."""
+    capacity, source = confirmed_lower_bound(record, trial)
+    if capacity <= 0:
+        return (
+            f"No replica plan: {source} is 0 requests/s (it passed no load there), so no rate can be planned "
+            "at it; the replica count is the trial's."
+        )
+    return (
+        "No replica plan: the search recorded no rate profile of its workload; give --target-rps to plan one "
+        "(the replica count is the trial's)."
+    )
+
+
 def little(trial: TrialRow, operating_rps: float) -> tuple[float | None, str]:
     """Requests in flight per replica at `operating_rps` by Little's law, L = rate x mean E2E latency, the
     latency from the trial's highest passing load step at or below that rate per replica."""

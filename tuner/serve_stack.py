@@ -37,7 +37,7 @@ def serve_app(config: Path, work: Path, port: int, served_name: str, *, timeout_
     log_path = work / f"ray-serve-{port}.log"
     env = {
         **os.environ,
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # single-node mode: every Ray server on loopback
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # as tuner.search starts a local Ray (its node IP is 127.0.0.1)
         "RAY_ADDRESS": "",
         "VLLM_LOGGING_LEVEL": "WARNING",
         "TOKENIZERS_PARALLELISM": "false",

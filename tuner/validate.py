@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ class Served:
     tokenizer: str  # bench serve builds prompts with it
     stack: str = "vllm"
     replicas: int = 1  # engine replicas behind the URL (Ray Serve); rates are per replica
+    cores: tuple[int, ...] = ()  # the engine's cores (vLLM's server on CPU), the client kept off them
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,9 @@ class ValidationOutcome:
             if part
         )
         verb = "held" if self.held else "missed"
+        which = "the planned" if first.label == "planned" else "the first rate given,"
         return (
-            f"the exported config (trial {self.trial_id}) {verb} the SLO '{self.slo}' at the planned "
+            f"the exported config (trial {self.trial_id}) {verb} the SLO '{self.slo}' at {which} "
             f"{first.rps:.3g} requests/s per replica ({where or 'nothing measured'})"
         )
 
@@ -288,6 +290,13 @@ def validate(
     if against_path is None and record.baseline_trial() is not None and record.baseline_trial() == trial:
         notes.append("the exported config is the search's baseline: the comparison runs the same config again")
     served: list[Served] = []
+
+    def cores_for(params: Mapping[str, Any]) -> tuple[int, ...]:
+        """On CPU the engine gets the cores one replica was measured on (as the search placed it)."""
+        if record.device != "cpu":
+            return ()
+        return tuple(peer.engine_cores(record.cpu_cores_per_replica * int(params.get("tensor_parallel_size", 1) or 1)))
+
     for stack in stacks:
         if stack == "vllm":
             served.append(
@@ -298,6 +307,7 @@ def validate(
                     mine.served_name,
                     prepared.model_path,
                     stack,
+                    cores=cores_for(trial.params),
                 )
             )
             if against_path is None:
@@ -311,6 +321,7 @@ def validate(
                         defaults.served_name,
                         prepared.model_path,
                         stack,
+                        cores=cores_for(baseline.params),
                     )
                 )
             else:
@@ -323,6 +334,7 @@ def validate(
                         comparison_names[0],
                         prepared.model_path,
                         stack,
+                        cores=cores_for(trial.params),
                     )
                 )
         else:
@@ -375,7 +387,10 @@ def _started(server: Served, work: Path, port: int):
     from tuner.serve_stack import serve_app
 
     if server.stack == "vllm":
-        return peer.vllm_server(server.config_path, work, port, label=f"vllm-{server.role}")
+        cores = list(server.cores)
+        return peer.vllm_server(
+            server.config_path, work, port, label=f"vllm-{server.role}", pinned=bool(cores), cores=cores or None
+        )
     return serve_app(server.config_path, work, port, server.served_name)
 
 
@@ -400,6 +415,7 @@ def _measure(peer, context, slo, url: str, server: Served, rate: Rate, *, step: 
             work=work,
             name=f"bench-{name}.json",
             seed=context.seed,
+            engine=list(server.cores) or None,
         )
     finally:
         trace.unlink(missing_ok=True)

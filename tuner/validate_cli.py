@@ -93,9 +93,10 @@ def validate(
     from tuner.recorded import load_search
 
     parent = load_search(client, experiment).parent_run_id
-    run_id = record_validation(
-        client, experiment, parent, document, [out / "validation.json", *(s.config_path for s in outcome.served)]
-    )
+    # The files validate wrote; a user's own --against file is named in validation.json, never uploaded
+    # (a vllm serve config may hold an api-key).
+    ours = [s.config_path for s in outcome.served if s.config_path.parent == out]
+    run_id = record_validation(client, experiment, parent, document, [out / "validation.json", *dict.fromkeys(ours)])
     for ratio in document["ratios"]:
         click.echo(
             f"[{ratio['stack']}] at the {ratio['rate']} rate the exported config gives "

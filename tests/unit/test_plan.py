@@ -12,7 +12,7 @@ import yaml
 from test_export import _serve_validate, _verdict, build_store, kuberay_schema, standard_trials
 
 from tuner.export import ExportOptions, export_search
-from tuner.plan import rate_profile, replica_plan, replicas_for
+from tuner.plan import no_plan_reason, rate_profile, replica_plan, replicas_for
 from tuner.recorded import SearchRecord, TrialRow
 
 
@@ -69,6 +69,11 @@ def test_a_target_rate_is_a_fixed_count_and_no_rate_is_no_plan():
     assert dict(plan.replicas) == {"target": 3} and not plan.autoscales and plan.autoscaling_config() is None
     assert replica_plan(_record(), trial) is None, "no profile recorded and no target: nothing to plan for"
     assert replica_plan(_record(PROFILE), _trial(0.0, [])) is None, "a capacity of 0 plans nothing"
+    # A confirmation round that passed no load: no plan, and the reason is that, not a missing profile.
+    zero = _record(PROFILE, {"measurements": {"t1": [{"capacity_rps_per_accel": 9.0}, {"capacity_rps_per_accel": 0}]}})
+    assert replica_plan(zero, trial, target_rps=5.0) is None
+    assert "passed no load" in no_plan_reason(zero, trial) and "--target-rps" not in no_plan_reason(zero, trial)
+    assert "give --target-rps" in no_plan_reason(_record(), trial)
     assert replicas_for(8.0, 8.0) == 1 and replicas_for(8.01, 8.0) == 2 and replicas_for(0.0, 8.0) == 1
 
 

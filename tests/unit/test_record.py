@@ -503,6 +503,7 @@ def test_an_unknown_status_is_an_error_naming_the_line(tmp_path: Path) -> None:
     "args, message",
     [
         (["--upstream", "ftp://host"], "--upstream must be an http:// or https:// URL"),
+        (["--upstream", "http://me:secret@host:8000"], "--upstream must not carry a user or password"),
         (["--upstream", "http://h:1", "--listen", "8001"], "--listen must be HOST:PORT"),
         (["--upstream", "http://h:1", "--listen", "127.0.0.1:99999"], "--listen must be HOST:PORT"),
         (["--upstream", "http://h:1", "--session-header", "Authorization"], "--session-header must name a header"),

@@ -1,6 +1,6 @@
 """Unit tests of `tuner validate` without a server: rates, the planning capacity, the comparison file,
 the verdict and ratios, the MLflow record, and bad input as one line with exit code 2 before anything starts.
-The real servers and bench serve are exercised by tests/integration/test_validate.py."""
+The real servers and bench serve are exercised by tests/integration/test_validate_stacks.py."""
 
 from __future__ import annotations
 

@@ -79,6 +79,9 @@ def check_upstream(value: str) -> str:
         raise ConfigError(f"--upstream must be an http:// or https:// URL with a host, but got {value!r}")
     if url.query or url.fragment:
         raise ConfigError(f"--upstream must not carry a query or fragment, but got {value!r}")
+    if url.username is not None or url.password is not None:
+        # A credential in the URL would be printed and logged; clients send their own Authorization header.
+        raise ConfigError("--upstream must not carry a user or password (user:password@host): it would be printed")
     return value.rstrip("/")
 
 

@@ -5,6 +5,7 @@ recorded, and nothing left running; a server that cannot start is exit code 3 wi
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,10 +20,14 @@ LENIENT = "ttft:p95<60s; tpot:p95<5s"
 
 
 def _servers_left() -> list[str]:
-    """Servers, Ray instances and engines of a validation still running (none may be)."""
-    pattern = "vllm.entrypoints.openai.api_server|tuner.serve_stack|VLLM::|ray::ServeReplica|raylet|gcs_server"
-    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
-    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+    """Servers, Ray instances and engines of a validation still running (none may be). An exited process
+    its parent has not reaped yet (a zombie, `<defunct>`) runs nothing and holds no port: not counted."""
+    pattern = re.compile(
+        r"vllm.entrypoints.openai.api_server|tuner.serve_stack|VLLM::|ray::ServeReplica|raylet|gcs_server"
+    )
+    found = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
+    running = [line.split(None, 2) for line in found.splitlines() if len(line.split(None, 2)) == 3]
+    return [f"{pid} {args}" for pid, stat, args in running if pattern.search(args) and not stat.startswith("Z")]
 
 
 def test_validate_serves_the_export_and_the_defaults_and_judges_them_with_bench_serve(tmp_path: Path) -> None:
