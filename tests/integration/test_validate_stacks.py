@@ -84,7 +84,8 @@ def test_a_server_that_cannot_start_is_exit_code_3_with_its_own_message(tmp_path
     not_a_model.mkdir()
     uri = build_store(tmp_path, "broken", standard_trials(), slo=LENIENT, model=str(not_a_model))
     # Traffic the search never saw (a public production trace) is read before anything starts.
-    azure = Path(__file__).resolve().parents[3] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+    # Resolved as validate resolves it (../shared may be a link).
+    azure = (Path(__file__).resolve().parents[3] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv").resolve()
     argv = ["validate", "--experiment", "broken", "--tracking-uri", uri, "--out", str(tmp_path / "out"), "--rates", "1"]
     result = CliRunner().invoke(main, [*argv, "--workload", str(azure)])
     assert _servers_left() == []
