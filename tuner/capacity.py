@@ -31,6 +31,7 @@ class Phase(str, Enum):
     DESCEND = "descend"  # the first step failed: looking for a load that passes
     REFINE = "refine"  # bisecting the bracket
     REMEASURE = "remeasure"  # a pass above a failure, measured once more
+    REFERENCE = "reference"  # the reference load first, for its latencies (a warm-started re-measurement)
 
     def __str__(self) -> str:
         return self.value
@@ -60,6 +61,7 @@ class CapacityPlan:
     resolution: float = 0.10
     noise: float = 0.0
     max_steps: int = 12
+    reference_first: bool = False  # measure the reference load (1x) first, then search from start_factor
 
     def __post_init__(self) -> None:
         if not (self.growth > 1 and 0 < self.min_factor <= self.start_factor <= self.max_factor):
@@ -93,7 +95,7 @@ class CapacityPlan:
         climb = len(self.climb_factors())
         descend = 1 + max(0, math.floor(math.log(self.start_factor / self.min_factor, self.growth) + _SAME))
         refine = max(0, math.ceil(math.log2(math.log(self.growth) / math.log1p(self.width)) - _SAME))
-        return min(self.max_steps, max(climb, descend) + refine + 1)
+        return min(self.max_steps, max(climb, descend) + refine + 1 + int(self.reference_first))
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ def next_step(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[
 
 def _next(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[float, Phase] | None:
     if not observations:
-        return plan.start_factor, Phase.CLIMB
+        return (1.0, Phase.REFERENCE) if plan.reference_first else (plan.start_factor, Phase.CLIMB)
     loads = _loads(observations)
     failed = [load for load in loads if not load.passed]
     if not failed:

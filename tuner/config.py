@@ -133,6 +133,11 @@ class ConfirmSection(_Strict):
         description="0 = off; null = enough to detect a 30% gain with 90% power at the measured repeatability",
     )
     resolution: float | None = Field(None, gt=0, description="bracket width of a re-measurement; null = capacity's")
+    reference_step: bool = Field(
+        False,
+        description="start each re-measurement with a step at the reference load: intervals on the latencies "
+        "there, at one more step per measurement",
+    )
 
     @field_validator("rounds")
     @classmethod

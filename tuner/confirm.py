@@ -22,7 +22,7 @@ from tuner.capacity import CapacityPlan
 from tuner.recorded import TrialRow
 from tuner.selection import feasible_trials
 from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
-from tuner.verdict import Measurement, Verdict, decide
+from tuner.verdict import REFERENCE_LATENCIES, Measurement, Verdict, decide
 from tuner.vocabulary import TrialStatus
 
 if TYPE_CHECKING:
@@ -43,12 +43,20 @@ def finalists(trials: Sequence[TrialRow], baseline: TrialRow | None, count: int)
     return candidates[:count]
 
 
-def warm_plan(plan: CapacityPlan, metrics: dict[str, float], reference_rps: float, resolution: float) -> CapacityPlan:
+def warm_plan(
+    plan: CapacityPlan,
+    metrics: dict[str, float],
+    reference_rps: float,
+    resolution: float,
+    *,
+    reference_first: bool = False,
+) -> CapacityPlan:
     """A capacity search that starts at the trial's capacity and climbs by its bracket's width.
 
     A trial whose bracket is already within `resolution` is re-measured in two steps when nothing moved
     (a pass at its capacity, a failure at its bracket's top); a censored trial starts at its lower bound
-    and climbs as the search did; a trial that passed nothing starts at the search's lowest load.
+    and climbs as the search did; a trial that passed nothing starts at the search's lowest load. With
+    `reference_first`, one more step at the reference load comes first, for its latencies.
     """
     capacity = metrics.get("capacity_rps_per_accel", 0.0)
     hi = metrics.get("capacity_hi_rps_per_accel")
@@ -66,7 +74,8 @@ def warm_plan(plan: CapacityPlan, metrics: dict[str, float], reference_rps: floa
         min_factor=min(plan.min_factor, start),
         resolution=resolution,
         noise=plan.noise,
-        max_steps=plan.max_steps,
+        max_steps=plan.max_steps + int(reference_first),
+        reference_first=reference_first,
     )
 
 
@@ -114,13 +123,16 @@ def run_confirmation(
     parent_run_id: str = "",
     deadline: float | None = None,
     measurement_s: float = 0.0,
+    reference_step: bool = False,
     progress: Callable[[str], None] = print,
 ) -> ConfirmOutcome:
     """Measure the finalists and the baseline in `rounds` interleaved rounds and decide the verdict.
 
     A round is started only if it can end before `deadline` (time.monotonic(); each measurement
     estimated at `measurement_s`); with fewer than two rounds done there is no interval, and the verdict
-    says so. Each measurement is recorded as a nested MLflow run when `client` is given.
+    says so. With `reference_step`, each measurement starts at the reference load and carries its
+    latencies there (the verdict's latency intervals). Each measurement is recorded as a nested MLflow
+    run when `client` is given.
     """
     began = time.monotonic()
     chosen = finalists(trials, baseline, count)
@@ -147,7 +159,9 @@ def run_confirmation(
         progress(f"confirmation round {index + 1}/{rounds}: {', '.join(order)}")
         for trial_id in order:
             trial = by_id[trial_id]
-            plan = warm_plan(context.plan, start_from[trial_id], context.reference_rps, resolution)
+            plan = warm_plan(
+                context.plan, start_from[trial_id], context.reference_rps, resolution, reference_first=reference_step
+            )
             round_context = dataclasses.replace(context, plan=plan, seed=context.seed + 1000 * (index + 1))
             run_id = (
                 open_confirm_run(client, experiment, parent_run_id, trial_id, index + 1, dict(trial.params))
@@ -166,8 +180,20 @@ def run_confirmation(
             status = TrialStatus(str(result.get("trial_status", TrialStatus.COMPLETED)))
             capacity = float(result.get("capacity_rps_per_accel", 0.0)) if status != TrialStatus.INFEASIBLE else 0.0
             hi = result.get("capacity_hi_rps_per_accel")
+            if not reference_step:  # no step at the reference load: its latencies are only the penalty
+                result = {k: v for k, v in result.items() if k not in REFERENCE_LATENCIES}
+            reference = {
+                k: float(result[k])
+                for k in REFERENCE_LATENCIES
+                if status != TrialStatus.INFEASIBLE and k in result and float(result[k]) < context.penalty_latency_s
+            }
             measurement = Measurement(
-                capacity, float(hi) if hi is not None else None, trial_id=trial_id, run_id=run_id, round=index + 1
+                capacity,
+                float(hi) if hi is not None else None,
+                trial_id=trial_id,
+                run_id=run_id,
+                round=index + 1,
+                reference=reference,
             )
             measured[trial_id].append(measurement)
             if measurement.capacity > 0 and measurement.hi is not None:

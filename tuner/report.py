@@ -24,6 +24,7 @@ from tuner.pareto import non_dominated
 from tuner.recorded import SearchRecord, TrialRow, load_search, scrub_uri
 from tuner.selection import confirmed_winner, feasible_trials, pick_trial
 from tuner.slo import parse_slo
+from tuner.verdict import REFERENCE_LATENCIES
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
 
 # fANOVA over fewer trials ranks noise: 8 trials with 6 tied capacities gave confident-looking bars.
@@ -584,6 +585,9 @@ def gain_lines(summary: Summary) -> list[str]:
         lines.append("The baseline trial is not in the record.")
     elif baseline.trial_id == winner.trial_id:
         lines.append(f"The baseline (trial {baseline.trial_id}) is itself the best: no candidate beat it.")
+        for comparison in verdict.get("comparisons") or ():
+            for text in _confirmed_latency(verdict, str(comparison.get("trial_id"))).values():
+                lines.append(f"Trial {comparison.get('trial_id')} against the baseline: {text}.")
     elif baseline.status == TrialStatus.INFEASIBLE or baseline.capacity <= 0:
         lines.append(
             f"The baseline (trial {baseline.trial_id}, {baseline.status}) fails the SLO at every load tried; "
@@ -603,20 +607,27 @@ def gain_lines(summary: Summary) -> list[str]:
                 f"{capacity_phrase(baseline)}: {at_least}x{gain:.2f} ({(gain - 1) * 100:+.0f}%) in the search, "
                 "one capacity search each (selection-biased: the winner was picked for being high)."
             )
-        for metric, label in (
-            ("ref_ttft_p95_s", "TTFT p95"),
-            ("ref_tpot_p95_s", "TPOT p95"),
-            ("ref_e2e_p95_s", "end-to-end p95"),
-        ):
+        confirmed = _confirmed_latency(verdict, winner.trial_id)
+        for metric, label in REFERENCE_LATENCIES.items():
+            if metric in confirmed:
+                lines.append(confirmed[metric] + ".")
+                continue
             a, b = winner.metrics.get(metric), baseline.metrics.get(metric)
             if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) and b:
                 lines.append(
                     f"{label} at the reference load: {a:.3g} s against {b:.3g} s ({(a / b - 1) * 100:+.0f}%; "
-                    "one step each, no interval)."
+                    "one step each in the search, no interval: `confirm.reference_step` measures it in every "
+                    "confirmation round)."
                 )
     if winner.metrics.get("capacity_censored"):
         lines.append("The winner's capacity is a lower bound: no step it ran failed.")
     return lines
+
+
+def _confirmed_latency(verdict: Mapping[str, Any], trial_id: str) -> dict[str, str]:
+    """metric -> the confirmation rounds' interval on it (finalist over baseline), where there is one."""
+    comparison = next((c for c in verdict.get("comparisons") or () if c.get("trial_id") == trial_id), {})
+    return {c["metric"]: c["text"] for c in comparison.get("reference_latency") or () if c.get("ratio") is not None}
 
 
 def comparison_table(summaries: Sequence[Summary]) -> tuple[list[str], list[list[str]]]:

@@ -412,8 +412,9 @@ def confirm_line(prepared: PreparedSearch) -> str:
     cost = confirm_cost(prepared)
     line = (
         f"confirmation: the best {config.confirm.finalists} config(s) and the baseline re-measured in {rounds} "
-        f"interleaved rounds ({cost.measurements} capacity searches warm-started from each config's bracket, "
-        f"about {cost.measurement_s:.0f}s each, {cost.total_s / 60:.1f} min)"
+        f"interleaved rounds ({cost.measurements} capacity searches warm-started from each config's bracket"
+        + (", each after a step at the reference load for latency intervals" if config.confirm.reference_step else "")
+        + f", about {cost.measurement_s:.0f}s each, {cost.total_s / 60:.1f} min)"
     )
     if config.budget.time_budget_s:
         line += (
@@ -426,10 +427,13 @@ def confirm_line(prepared: PreparedSearch) -> str:
 def confirm_cost(prepared: PreparedSearch) -> ConfirmCost:
     """Engine time of the confirmation phase: each measurement is a warm-started capacity search of about
     two and a half steps (a pass at the trial's capacity, a failure at its bracket's top, sometimes a
-    refinement) at the typical trial's load."""
+    refinement) at the typical trial's load, and one step at the reference load first with
+    `confirm.reference_step`."""
     config = prepared.config
     cost = trial_cost(prepared)
     measurement = _START_S + _TEARDOWN_S + 2.5 * _step_s(prepared, cost.typical_factor * 1.5)
+    if config.confirm.reference_step:
+        measurement += _step_s(prepared, 1.0)
     count = (config.confirm.finalists + 1) * config.confirm_rounds()
     return ConfirmCost(measurement, measurement * count, count)
 
@@ -641,6 +645,7 @@ def _confirm(
     progress(
         f"confirming: the best {config.confirm.finalists} config(s) and the baseline {baseline.trial_id}, "
         f"{rounds} interleaved rounds, each a capacity search warm-started from the config's bracket"
+        + (", after a step at the reference load" if config.confirm.reference_step else "")
     )
     confirmation = run_confirmation(
         context=context,
@@ -655,6 +660,7 @@ def _confirm(
         parent_run_id=parent,
         deadline=started + budget if budget else None,
         measurement_s=confirm_cost(prepared).measurement_s,
+        reference_step=config.confirm.reference_step,
         progress=tracker.say,
     )
     tracker.say(f"verdict: {confirmation.verdict.text}")
@@ -931,7 +937,13 @@ def confirmation_document(confirmation: ConfirmOutcome) -> dict[str, Any]:
         "wall_s": round(confirmation.wall_s, 1),
         "measurements": {
             trial_id: [
-                {"round": m.round, "run_id": m.run_id, "capacity_rps_per_accel": m.capacity, "hi_rps_per_accel": m.hi}
+                {
+                    "round": m.round,
+                    "run_id": m.run_id,
+                    "capacity_rps_per_accel": m.capacity,
+                    "hi_rps_per_accel": m.hi,
+                    **dict(m.reference),
+                }
                 for m in measurements
             ]
             for trial_id, measurements in confirmation.measurements.items()

@@ -15,6 +15,12 @@ sqrt(mean over rounds of (w_f^2 + w_b^2) / 12) with w = log(hi / lo) (a value un
 bracket). With k finalists every interval is taken at 1 - 0.05 / k (Bonferroni), so the chance that a
 tie with the baseline is declared a difference stays within 5% whichever finalist wins.
 
+**Latencies at the reference load.** When each confirmation measurement starts with a step at the
+reference load (`confirm.reference_step`), round i also gives a paired log-ratio of the finalist's and
+the baseline's p95 TTFT (TPOT, end-to-end) there, and the same t-interval (without a bracket floor: a
+latency is measured directly) says how sure "x0.62 the baseline's TTFT p95" is. A round in which
+either side failed a request at that load (an infinite percentile) gives no pair.
+
 **Censored and zero capacities are never divided.** A finalist that passed the highest load tried has
 only a lower bound (the ratio is ">= x"); a baseline that failed at every load tried has no capacity
 to divide by ("the baseline fails the SLO at every load tried").
@@ -22,6 +28,7 @@ to divide by ("the baseline fails the SLO at every load tried").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +38,8 @@ from scipy import stats
 
 CONFIDENCE = 0.95
 TIE_RULE = "fewer accelerators, then lower TTFT p95 at the reference load"
+# The latencies at the reference load a confirmation measurement carries, with their names in the text.
+REFERENCE_LATENCIES = {"ref_ttft_p95_s": "TTFT p95", "ref_tpot_p95_s": "TPOT p95", "ref_e2e_p95_s": "end-to-end p95"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,8 @@ class Measurement:
     trial_id: str = ""
     run_id: str = ""
     round: int = 0
+    # latencies at the reference load (seconds, by metric name), when the measurement stepped there
+    reference: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def censored(self) -> bool:
@@ -62,6 +73,54 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class LatencyComparison:
+    """One latency at the reference load, finalist over baseline, paired over the rounds that measured it."""
+
+    metric: str
+    pairs: int
+    confidence: float
+    ratio: float | None  # geometric mean of the paired ratios (None: fewer than 2 pairs)
+    ci_low: float | None
+    ci_high: float | None
+    text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def compare_latency(
+    metric: str,
+    finalist: Sequence[Measurement],
+    baseline: Sequence[Measurement],
+    *,
+    confidence: float = CONFIDENCE,
+) -> LatencyComparison:
+    """The finalist's `metric` over the baseline's, a t-interval on the paired log-ratios (module docstring)."""
+    label = REFERENCE_LATENCIES.get(metric, metric)
+    d = [
+        math.log(f.reference[metric] / b.reference[metric])
+        for f, b in zip(finalist, baseline, strict=False)
+        if all(0 < m.reference.get(metric, math.nan) < math.inf for m in (f, b))
+    ]
+    n = len(d)
+    if n < 2:
+        text = f"{label} at the reference load: {n} paired round(s) measured it, too few for an interval"
+        return LatencyComparison(metric, n, confidence, None, None, None, text)
+    mean = sum(d) / n
+    s = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = float(stats.t.ppf(1 - (1 - confidence) / 2, n - 1)) * s / math.sqrt(n)
+    ratio, low, high = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    shown = f"{confidence:.3g}".removeprefix("0.")
+    where = "lower" if high < 1 else "higher" if low > 1 else ""
+    judged = f", {where} than the baseline's" if where else ", not distinguishable from the baseline's"
+    text = (
+        f"{label} at the reference load x{ratio:.2f} the baseline's ({shown}% CI {low:.2f}-{high:.2f} over "
+        f"{n} paired rounds{judged})"
+    )
+    return LatencyComparison(metric, n, confidence, ratio, low, high, text)
+
+
+@dataclass(frozen=True)
 class Comparison:
     """A finalist against the baseline over the paired rounds."""
 
@@ -74,6 +133,7 @@ class Comparison:
     distinguishable: bool
     text: str
     lower_bound: bool = False
+    latency: tuple[LatencyComparison, ...] = ()  # at the reference load, when the rounds measured it
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +146,7 @@ class Comparison:
             "distinguishable": self.distinguishable,
             "lower_bound": self.lower_bound,
             "text": self.text,
+            "reference_latency": [c.as_dict() for c in self.latency],
         }
 
 
@@ -100,9 +161,11 @@ def compare(
     pairs = list(zip(finalist, baseline, strict=True))
     n = len(pairs)
     shown = f"{confidence:.3g}".removeprefix("0.")
+    measured = [m for m in REFERENCE_LATENCIES if any(f.reference.get(m) is not None for f, _ in pairs)]
+    latency = tuple(compare_latency(m, finalist, baseline, confidence=confidence) for m in measured)
 
     def no_ratio(text: str, distinguishable: bool = False) -> Comparison:
-        return Comparison(trial_id, n, confidence, None, None, None, distinguishable, text)
+        return Comparison(trial_id, n, confidence, None, None, None, distinguishable, text, latency=latency)
 
     if n < 2:
         return no_ratio(f"{n} confirmation round(s): too few for an interval")
@@ -140,7 +203,7 @@ def compare(
             if distinguishable
             else f"not distinguishable from the baseline at this noise ({interval})"
         )
-    return Comparison(trial_id, n, confidence, ratio, low, high, distinguishable, text, lower_bound)
+    return Comparison(trial_id, n, confidence, ratio, low, high, distinguishable, text, lower_bound, latency)
 
 
 @dataclass(frozen=True)

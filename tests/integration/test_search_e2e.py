@@ -140,6 +140,16 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
         assert sorted(r.data.tags["confirm_round"] for r in confirms) == ["1", "1", "2", "2"]
         assert {r.data.tags["confirms_trial"] for r in confirms} == set(verdict["measurements"])
         assert verdict["ci_low"] is None or verdict["ci_low"] <= (verdict["ratio"] or 0) <= (verdict["ci_high"] or 1e9)
+        # reference_step: every measurement stepped at the reference load first, so each round measured the
+        # latencies there (unless a request failed there), and the comparison carries their paired intervals.
+        measured = [m for ms in verdict["measurements"].values() for m in ms]
+        with_ref = [m for m in measured if "ref_ttft_p95_s" in m]
+        assert with_ref and all(0 < m["ref_ttft_p95_s"] < 60 for m in with_ref), measured
+        latency = verdict["comparisons"][0]["reference_latency"]
+        assert latency and {c["metric"] for c in latency} <= {"ref_ttft_p95_s", "ref_tpot_p95_s", "ref_e2e_p95_s"}
+        assert all(
+            c["pairs"] <= 2 and (c["ratio"] is None or c["ci_low"] <= c["ratio"] <= c["ci_high"]) for c in latency
+        )
     else:
         assert confirms == [] and verdict["notes"]
     for run in confirms:

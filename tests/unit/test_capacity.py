@@ -41,6 +41,17 @@ def test_the_reference_load_is_always_measured_when_the_climb_starts_below_it():
     assert 1.0 in [o.factor for o in run(plan, lambda f, _: f <= 3.0)]
 
 
+def test_a_reference_step_first_then_the_warm_start_and_a_failure_there_descends_from_it():
+    plan = CapacityPlan(start_factor=4.0, growth=1.25, min_factor=0.25, max_factor=16, reference_first=True)
+    seen = run(plan, lambda f, _: f <= 5.5)
+    assert [(o.factor, o.phase) for o in seen[:2]] == [(1.0, Phase.REFERENCE), (4.0, Phase.CLIMB)]
+    assert bracket(seen).capacity <= 5.5 < bracket(seen).hi
+    assert len(seen) <= plan.worst_case_steps()
+    failed_there = run(plan, lambda f, _: f <= 0.7)
+    assert [(o.factor, o.phase) for o in failed_there[:2]] == [(1.0, Phase.REFERENCE), (0.8, Phase.DESCEND)]
+    assert bracket(failed_there).capacity <= 0.7 < bracket(failed_there).hi
+
+
 def test_passing_the_maximum_is_censored_there():
     plan = CapacityPlan(max_factor=6)
     seen = run(plan, lambda f, _: True)

@@ -883,11 +883,14 @@ def test_a_baseline_the_confirmation_could_not_beat_is_what_the_export_recommend
 
 
 def test_the_confirmed_winner_is_exported_with_its_interval(tmp_path: Path) -> None:
-    uri = build_store(tmp_path, "won", standard_trials(), verdict=_verdict("win00002"))
+    latency = {"metric": "ref_ttft_p95_s", "pairs": 4, "ratio": 0.6, "ci_low": 0.5, "ci_high": 0.7, "text": "x0.60"}
+    verdict = {**_verdict("win00002"), "comparisons": [{"trial_id": "win00002", "reference_latency": [latency]}]}
+    uri = build_store(tmp_path, "won", standard_trials(), verdict=verdict)
     result = export_search(uri, "won", tmp_path / "out")
     assert result.trial.trial_id == "win00002"
     best = json.loads((tmp_path / "out" / "best.json").read_text())
     assert best["verdict"]["ratio"] == 1.9 and best["verdict"]["ci_low"] == 1.5
+    assert best["verdict"]["reference_latency"] == [latency], "the exported trial's latency intervals"
     assert "95% CI 1.50-2.40" in (tmp_path / "out" / "serve-llm.yaml").read_text()
     # Another pick is the user's choice: the verdict is reported, and says it was about another trial.
     other = export_search(uri, "won", tmp_path / "latency", pick="min-latency")

@@ -91,6 +91,35 @@ def test_the_confirmed_verdict_leads_and_names_the_recommended_config(tmp_path: 
     assert "winner (confirmed)" in traces
 
 
+def test_confirmed_latency_intervals_replace_the_one_step_comparison(tmp_path: Path) -> None:
+    interval = (
+        "TTFT p95 at the reference load x0.60 the baseline's (95% CI 0.50-0.72 over 3 paired rounds, lower than "
+        "the baseline's)"
+    )
+    verdict = {
+        "winner": "win00002",
+        "baseline": "base0001",
+        "rounds": 3,
+        "text": "x2.00 the baseline's capacity (95% CI 1.60-2.50)",
+        "comparisons": [
+            {
+                "trial_id": "win00002",
+                "reference_latency": [
+                    {"metric": "ref_ttft_p95_s", "pairs": 3, "ratio": 0.6, "text": interval},
+                    {"metric": "ref_tpot_p95_s", "pairs": 1, "ratio": None, "text": "too few"},
+                ],
+            }
+        ],
+        "measurements": {},
+    }
+    uri = build_store(tmp_path, "latency", standard_trials(), verdict=verdict)
+    lines = gain_lines(summarize(load_search(client_for(uri), "latency")))
+    assert interval + "." in lines
+    assert not any(line.startswith("TTFT p95 at the reference load:") for line in lines), "not the one-step line"
+    tpot = next(line for line in lines if line.startswith("TPOT p95 at the reference load:"))
+    assert "one step each in the search, no interval" in tpot, "no interval for TPOT: the one-step line says so"
+
+
 def test_every_trial_is_in_the_table_with_status_and_reason(two_searches: str) -> None:
     header, rows = trial_table(summarize(load_search(client_for(two_searches), "chat")))
     by_id = {r[0]: dict(zip(header, r, strict=True)) for r in rows}

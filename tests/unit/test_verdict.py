@@ -59,6 +59,30 @@ def test_a_baseline_that_fails_everywhere_is_worded_never_divided():
     assert "baseline fails the SLO at every load tried" in result.text
 
 
+def _lat(lo: float, hi: float | None, ttft: float | None, tpot: float | None = None) -> Measurement:
+    reference = {"ref_ttft_p95_s": ttft} if ttft is not None else {}
+    if tpot is not None:
+        reference["ref_tpot_p95_s"] = tpot
+    return Measurement(lo, hi, reference=reference)
+
+
+def test_latencies_at_the_reference_load_get_a_paired_interval_and_a_missing_round_gives_no_pair():
+    winner = [_lat(40, 44, 0.050, 0.020), _lat(39, 43, 0.056, 0.021), _lat(41, 45, None, 0.019)]
+    base = [_lat(30, 33, 0.100, 0.020), _lat(31, 34, 0.108, 0.020), _lat(30, 33, 0.5, 0.020)]
+    result = compare("f", winner, base)
+    by_metric = {c.metric: c for c in result.latency}
+    ttft, tpot = by_metric["ref_ttft_p95_s"], by_metric["ref_tpot_p95_s"]
+    assert ttft.pairs == 2, "round 3: the finalist has no TTFT there, so no pair"
+    assert ttft.ratio == pytest.approx(math.sqrt(0.5 * 0.056 / 0.108))
+    assert ttft.ci_low < ttft.ratio < ttft.ci_high < 1
+    assert "TTFT p95 at the reference load x0.51 the baseline's (95% CI" in ttft.text and "lower than" in ttft.text
+    assert tpot.pairs == 3 and tpot.ci_low < 1 < tpot.ci_high and "not distinguishable" in tpot.text
+    assert [c["metric"] for c in result.as_dict()["reference_latency"]] == ["ref_ttft_p95_s", "ref_tpot_p95_s"]
+    one = compare("f", winner[:1] + [_lat(39, 43, None)], base[:2])
+    assert {c.metric: c for c in one.latency}["ref_ttft_p95_s"].ratio is None, "one pair is no interval"
+    assert compare("f", [_m(40, 44)] * 2, [_m(30, 33)] * 2).latency == (), "not measured: nothing said"
+
+
 def test_one_round_gives_no_interval():
     result = compare("f", [_m(40, 44)], [_m(30, 33)])
     assert not result.distinguishable and result.ci_low is None
@@ -250,9 +274,13 @@ def test_a_confirmation_through_stand_in_engines_records_every_measurement(tmp_p
         client=client,
         experiment="confirm-unit",
         parent_run_id=parent,
+        reference_step=True,
         progress=lines.append,
     )
     assert outcome.rounds_done == 3 and [len(v) for v in outcome.measurements.values()] == [3, 3]
+    assert all(0 < m.reference["ref_ttft_p95_s"] < 0.5 for v in outcome.measurements.values() for m in v)
+    latency = {c.metric: c for c in outcome.verdict.best.latency}
+    assert latency["ref_ttft_p95_s"].pairs == 3 and latency["ref_ttft_p95_s"].ci_low is not None
     assert outcome.verdict.winner == "fast" and outcome.verdict.best is not None
     assert outcome.verdict.distinguishable and 1 < outcome.verdict.best.ci_low < 2 < outcome.verdict.best.ci_high
     runs = client.search_runs([client.get_experiment_by_name("confirm-unit").experiment_id])
@@ -262,7 +290,46 @@ def test_a_confirmation_through_stand_in_engines_records_every_measurement(tmp_p
     assert all(r.data.tags["mlflow.parentRunId"] == parent for r in confirms)
     assert all(r.data.tags["trial_status"] == "completed" and r.info.status == "FINISHED" for r in confirms)
     assert all(math.isfinite(r.data.metrics["capacity_rps_per_accel"]) for r in confirms)
+    assert all(0 < r.data.metrics["ref_ttft_p95_s"] < 0.5 for r in confirms), "measured at 1x, not the penalty"
     assert any(line.startswith("confirmation round 3/3") for line in lines)
+
+
+def test_without_a_reference_step_a_confirmation_records_no_reference_latency(tmp_path):
+    """The trial's reference latencies are the penalty until a step at 1x ran: never recorded as measured."""
+    from mlflow.tracking import MlflowClient
+
+    from tuner.tracking import start_parent_run
+
+    base, winner = _outcome("base", 10, 20), _outcome("fast", 20, 40)
+
+    def measure(context, params, trial_id):
+        return {
+            "capacity_rps_per_accel": 20.0,
+            "capacity_hi_rps_per_accel": 22.0,
+            "ref_ttft_p95_s": 60.0,
+            "trial_status": "completed",
+        }
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    parent = start_parent_run(client, "no-ref", run_name="search", params={}, tags={}, documents={})
+    outcome = run_confirmation(
+        context=_context_stub(),
+        trials=[base, winner],
+        baseline=base,
+        count=1,
+        rounds=2,
+        resolution=0.1,
+        measure=measure,
+        client=client,
+        experiment="no-ref",
+        parent_run_id=parent,
+        progress=lambda line: None,
+    )
+    assert all(not m.reference for v in outcome.measurements.values() for m in v)
+    assert outcome.verdict.best is not None and outcome.verdict.best.latency == ()
+    runs = client.search_runs([client.get_experiment_by_name("no-ref").experiment_id])
+    confirms = [r for r in runs if r.data.tags.get("run_kind") == "confirm"]
+    assert len(confirms) == 4 and all("ref_ttft_p95_s" not in r.data.metrics for r in confirms)
 
 
 def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
