@@ -56,6 +56,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -263,6 +264,7 @@ def record(args: argparse.Namespace) -> None:
     start_local_ray()
     try:
         for done_now, (params, repeat) in enumerate(todo, 1):
+            _wait_while_paused()
             name = key(params, names)
             print(f"[{done_now}/{len(todo)}] repeat {repeat + 1}: {name}", flush=True)
             entry = run_trial(context, params, f"grid{len(done) + done_now}", on_step=_print_step)
@@ -277,6 +279,23 @@ def record(args: argparse.Namespace) -> None:
             )
     finally:
         stop_ray()
+
+
+def _wait_while_paused() -> None:
+    """Between trials, wait while the file $SEARCH_COST_PAUSE names exists (other work needs the machine
+    quiet for a while); $SEARCH_COST_PAUSE.ack exists while waiting, so whoever paused knows no trial runs."""
+    pause = os.environ.get("SEARCH_COST_PAUSE")
+    if not pause or not Path(pause).exists():
+        return
+    ack = Path(pause + ".ack")
+    print(f"paused between trials while {pause} exists", flush=True)
+    ack.touch()
+    try:
+        while Path(pause).exists():
+            time.sleep(2)
+    finally:
+        ack.unlink(missing_ok=True)
+    print("resumed", flush=True)
 
 
 def _print_step(result: dict[str, Any]) -> None:

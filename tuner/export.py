@@ -92,6 +92,8 @@ class Deployment:
     image: str
     autoscaling: Mapping[str, Any] | None = None  # Ray Serve's autoscaling_config (then num_replicas is the minimum)
     plan: ReplicaPlan | None = None
+    # CPUs of Serve's LLMServer replica actor, which Serve LLM adds to the engine's first bundle (None: Serve's 1)
+    replica_actor_cpus: float | None = None
 
 
 def deployment_for(
@@ -202,6 +204,8 @@ def serve_llm_config(deployment: Deployment) -> dict[str, Any]:
         "health_check_period_s": deployment.health_check_period_s,
         "health_check_timeout_s": deployment.health_check_timeout_s,
     }
+    if deployment.replica_actor_cpus is not None:
+        llm["deployment_config"]["ray_actor_options"] = {"num_cpus": deployment.replica_actor_cpus}
     return llm
 
 

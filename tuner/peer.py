@@ -157,6 +157,26 @@ def write_timed_trace(sample: StepSample, rate_rps: float, path: Path, *, step: 
     return offsets, len(sample.warmup)
 
 
+def write_burst_trace(sample: StepSample, rate_rps: float, duration_s: float, path: Path, *, step: int) -> list[float]:
+    """Step samples at `rate_rps` back to back (each with hash ids of its own, warm-up requests included)
+    until `duration_s` is covered, as one timed_trace JSONL; returns the send offsets."""
+    offsets: list[float] = []
+    part = path.with_suffix(".part")
+    with path.open("w") as out:
+        start, k = 0.0, 0
+        while start < duration_s:
+            these, _ = write_timed_trace(sample, rate_rps, part, step=step + k)
+            for line, offset in zip(part.read_text().splitlines(), these, strict=True):
+                row = json.loads(line)
+                row["timestamp"] = round(start + offset, 6)
+                out.write(json.dumps(row) + "\n")
+                offsets.append(start + offset)
+            start += these[-1] + 1 / rate_rps
+            k += 1
+    part.unlink(missing_ok=True)
+    return offsets
+
+
 def bench(
     url: str,
     trace: Path,

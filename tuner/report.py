@@ -626,7 +626,8 @@ def gain_lines(summary: Summary) -> list[str]:
 
 def _confirmed_latency(verdict: Mapping[str, Any], trial_id: str) -> dict[str, str]:
     """metric -> the confirmation rounds' interval on it (finalist over baseline), where there is one."""
-    comparison = next((c for c in verdict.get("comparisons") or () if c.get("trial_id") == trial_id), {})
+    comparisons: list[dict[str, Any]] = list(verdict.get("comparisons") or ())
+    comparison = next((c for c in comparisons if c.get("trial_id") == trial_id), {})
     return {c["metric"]: c["text"] for c in comparison.get("reference_latency") or () if c.get("ratio") is not None}
 
 

@@ -159,7 +159,8 @@ def verdict_summary(record: SearchRecord, trial: TrialRow, *, rejudged: bool) ->
     summary["text"] = verdict.get("text")
     summary["applies"] = not rejudged and trial.trial_id == verdict.get("winner")
     # the trial's latencies at the reference load over the baseline's, when the rounds measured them
-    comparison = next((c for c in verdict.get("comparisons") or () if c.get("trial_id") == trial.trial_id), {})
+    comparisons: list[dict[str, Any]] = list(verdict.get("comparisons") or ())
+    comparison = next((c for c in comparisons if c.get("trial_id") == trial.trial_id), {})
     summary["reference_latency"] = list(comparison.get("reference_latency") or ())
     if rejudged:
         summary["note"] = "the confirmation judged the recorded SLO; this export re-judged under another one"

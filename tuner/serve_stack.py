@@ -29,8 +29,17 @@ READY_MARK = "tuner.serve_stack: applications deployed"
 
 
 @contextmanager
-def serve_app(config: Path, work: Path, port: int, served_name: str, *, timeout_s: float = 420) -> Iterator[str]:
-    """Deploy the Serve config `config` on a fresh local Ray; yields the base URL of its HTTP proxy."""
+def serve_app(
+    config: Path,
+    work: Path,
+    port: int,
+    served_name: str,
+    *,
+    timeout_s: float = 420,
+    replicas_log: Path | None = None,
+) -> Iterator[str]:
+    """Deploy the Serve config `config` on a fresh local Ray; yields the base URL of its HTTP proxy. With
+    `replicas_log`, the child appends each deployment's replica states to it every 2 s (`replica_timeline`)."""
     from trainables.vllm_engine import start_pinned
     from tuner.peer import stop_group
 
@@ -43,9 +52,8 @@ def serve_app(config: Path, work: Path, port: int, served_name: str, *, timeout_
         "TOKENIZERS_PARALLELISM": "false",
     }
     with log_path.open("w") as log:
-        stack = start_pinned(
-            [sys.executable, "-m", "tuner.serve_stack", str(config), str(port)], [], env=env, stdout=log
-        )
+        argv = [sys.executable, "-m", "tuner.serve_stack", str(config), str(port)]
+        stack = start_pinned([*argv, *([str(replicas_log)] if replicas_log else [])], [], env=env, stdout=log)
         try:
             _wait_ready(port, served_name, stack, log_path, timeout_s)
             yield f"http://127.0.0.1:{port}"
@@ -66,6 +74,30 @@ def _wait_ready(port: int, served_name: str, stack, log_path: Path, timeout_s: f
             return
         time.sleep(2)
     raise StackError(f"Ray Serve did not list model {served_name!r} within {timeout_s:.0f}s (log: {log_path})")
+
+
+def replica_timeline(path: Path) -> list[tuple[float, dict[str, dict[str, int]]]]:
+    """(wall time, deployment -> {replica state: count}) as the child logged them, oldest first."""
+    timeline = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the child was stopped
+        timeline.append((float(entry["t"]), entry["deployments"]))
+    return timeline
+
+
+def _log_replicas(path: Path) -> None:
+    from ray import serve
+
+    deployments = {
+        name: {str(state.value if hasattr(state, "value") else state): n for state, n in d.replica_states.items()}
+        for app in serve.status().applications.values()
+        for name, d in app.deployments.items()
+    }
+    with path.open("a") as out:
+        out.write(json.dumps({"t": time.time(), "deployments": deployments}) + "\n")
 
 
 def _models(port: int) -> list[str]:
@@ -100,7 +132,7 @@ def _clip(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _deploy(config_path: str, port: int) -> None:
+def _deploy(config_path: str, port: int, replicas_log: str | None = None) -> None:
     """The child: what `serve run CONFIG` does (the config validated by Serve's own schema, Serve started
     with its http/grpc/controller options, the applications deployed), on a fresh local Ray bound to
     loopback and with Serve's HTTP port set to `port`; then wait for SIGTERM and shut everything down."""
@@ -137,7 +169,14 @@ def _deploy(config_path: str, port: int) -> None:
         )
         client.deploy_apps(config, _blocking=False)
         print(READY_MARK, flush=True)
+        logged = 0.0
         while not stopping:
+            if replicas_log and time.monotonic() - logged >= 2:
+                logged = time.monotonic()
+                try:
+                    _log_replicas(Path(replicas_log))
+                except Exception as error:  # a status call during start-up or shutdown: the next one will do
+                    print(f"tuner.serve_stack: replica status unavailable: {error}", flush=True)
             time.sleep(0.5)
     finally:
         shutdown()
@@ -145,4 +184,4 @@ def _deploy(config_path: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    _deploy(sys.argv[1], int(sys.argv[2]))
+    _deploy(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

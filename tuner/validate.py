@@ -8,7 +8,9 @@ the comparison (vLLM's defaults as the search's baseline ran them, or a `vllm se
 user runs today) the same way, one server at a time on the cores the search's replicas used. Each
 server is driven by `bench serve --dataset-name timed_trace --self-timed --save-detailed`, the search's
 own step sample (or one from `--workload`) at each rate, its per-request values judged by
-tuner.metrics.summarize_step, the rule every trial step used. Rates are per server (one replica).
+tuner.metrics.summarize_step, the rule every trial step used. Rates are per server, and every server is
+one replica: `serve-llm.yaml` is served as a copy at one replica (the plan's replica count or
+autoscaling range is sized for production traffic, need not fit here, and must not scale mid-step).
 
 `--rates auto` is the planned operating point (the confirmed capacity's lower bound less `headroom`)
 and the confirmed capacity itself; the lower bound is the lowest capacity the winner's confirmation
@@ -18,7 +20,9 @@ passes the validation when it holds the SLO at the planned operating point.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +36,11 @@ from tuner.errors import ConfigError
 from tuner.export import ExportOptions, deployment_for, export_search, k8s_name, render_serve_llm, render_vllm_serve
 from tuner.plan import DEFAULT_HEADROOM, confirmed_lower_bound, replica_plan
 from tuner.recorded import TrialRow
-from tuner.vocabulary import latency_name
+from tuner.vocabulary import TrialStatus, latency_name
 
 STACKS = ("vllm", "ray-serve")
+# How long the scale-up check waits, after the burst, for a replica Serve added to come up.
+REPLICA_START_WAIT_S = 300.0
 # What each measurement reports, by this tool's metric names (tuner.metrics.summarize_step).
 FIGURES = (
     "offered_rps",
@@ -47,9 +53,6 @@ FIGURES = (
     "failed_requests",
     *(latency_name(metric, stat) for metric in ("ttft", "tpot", "e2e") for stat in ("p50", "p95")),
 )
-
-
-PER_REPLICA = ("offered_rps", "arrival_rps", "achieved_rps", "goodput_rps")
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,6 @@ class Served:
     served_name: str
     tokenizer: str  # bench serve builds prompts with it
     stack: str = "vllm"
-    replicas: int = 1  # engine replicas behind the URL (Ray Serve); rates are per replica
     cores: tuple[int, ...] = ()  # the engine's cores (vLLM's server on CPU), the client kept off them
 
 
@@ -105,6 +107,12 @@ class ValidationOutcome:
     out_dir: Path = Path(".")
     wall_s: float = 0.0
     workload: str = ""
+    scale_up: dict[str, Any] | None = None  # the scale-up check on Ray Serve, when asked for and possible
+
+    @property
+    def passed(self) -> bool:
+        """Held the SLO at the planned operating point, and Serve scaled up under the burst if checked."""
+        return self.held and (self.scale_up is None or bool(self.scale_up.get("scaled")))
 
     @property
     def held(self) -> bool:
@@ -148,10 +156,13 @@ class ValidationOutcome:
         )
         verb = "held" if self.held else "missed"
         which = "the planned" if first.label == "planned" else "the first rate given,"
-        return (
+        text = (
             f"the exported config (trial {self.trial_id}) {verb} the SLO '{self.slo}' at {which} "
             f"{first.rps:.3g} requests/s per replica ({where or 'nothing measured'})"
         )
+        if self.scale_up is not None:
+            text += f"; scale-up check: {self.scale_up['text']}"
+        return text
 
     def document(self) -> dict[str, Any]:
         return {
@@ -168,6 +179,8 @@ class ValidationOutcome:
             "measurements": [m.as_dict() for m in self.measured],
             "ratios": self.ratios(),
             "notes": list(self.notes),
+            "scale_up": self.scale_up,
+            "passed": self.passed,
             "wall_s": round(self.wall_s, 1),
             "client": "vllm bench serve --dataset-name timed_trace --self-timed --save-detailed",
         }
@@ -211,6 +224,24 @@ def user_config(path: Path) -> tuple[str, str]:
     return str(served), str(raw["model"])
 
 
+def user_engine_args(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The engine arguments of a `vllm serve --config` file by their Python names (what a Serve LLM app's
+    `engine_kwargs` takes), and the keys left out: the server's own (host, port, api-key, ...)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    engine = {f.name for f in dataclasses.fields(AsyncEngineArgs)} - {"model", "served_model_name"}
+    raw = yaml.safe_load(path.read_text()) or {}
+    args: dict[str, Any] = {}
+    left_out: list[str] = []
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name in engine:
+            args[name] = value
+        elif name not in ("model", "served_model_name"):
+            left_out.append(str(key))
+    return args, left_out
+
+
 def validate(
     *,
     tracking_uri: str,
@@ -222,10 +253,12 @@ def validate(
     rates: str = "auto",
     headroom: float = DEFAULT_HEADROOM,
     pick: str = "max-capacity",
+    scale_up_s: float = 0.0,
     progress: Callable[[str], None] = print,
 ) -> ValidationOutcome:
-    """Export, serve and measure; see the module docstring. Raises ConfigError / ExportError /
-    TrackingError for bad input, StackError when a server cannot start or be measured."""
+    """Export, serve and measure; see the module docstring. With `scale_up_s` > 0 and the ray-serve stack,
+    also the scale-up check (`_scale_up_check`). Raises ConfigError / ExportError / TrackingError for bad
+    input, StackError when a server cannot start or be measured."""
     from tuner import peer
     from tuner.config import load_config
     from tuner.search import prepare, trial_context
@@ -237,6 +270,10 @@ def validate(
         raise ConfigError(f"--stack: {unknown[0]!r} is not a stack validate can start (one of: {', '.join(STACKS)})")
     if not 0 <= headroom < 1:
         raise ConfigError(f"--headroom must be in [0, 1), but got {headroom}")
+    if scale_up_s and "ray-serve" not in stacks:
+        raise ConfigError("--scale-up-s: the scale-up check runs on Ray Serve; add --stack ray-serve (or both)")
+    if scale_up_s < 0 or (scale_up_s and scale_up_s < 60):
+        raise ConfigError(f"--scale-up-s must be 0 (off) or at least 60 s, but got {scale_up_s:g}")
     given = parse_rates(rates)
     notes: list[str] = []
     against_path = None if against == "vllm-defaults" else Path(against).expanduser().resolve()
@@ -283,7 +320,7 @@ def validate(
         planned = given
         progress(f"rates per replica: {', '.join(f'{r.rps:g}' for r in planned)} requests/s")
 
-    baseline = TrialRow("baseline", "", "completed", params=dict(record.baseline or prepared.baseline))
+    baseline = TrialRow("baseline", "", TrialStatus.COMPLETED, params=dict(record.baseline or prepared.baseline))
     defaults = deployment_for(record, baseline, ExportOptions())
     mine = deployment_for(record, trial, options, replica_plan(record, trial, headroom=headroom))
     note = ["The comparison: vLLM's defaults as the search's baseline ran them."]
@@ -338,48 +375,233 @@ def validate(
                     )
                 )
         else:
+            # One replica, as the rates are per replica: the plan's replica count (or autoscaling range) is
+            # sized for the production traffic and need not fit here; Serve must not scale during a step.
+            one = dataclasses.replace(mine, num_replicas=1, autoscaling=None)
+            path = out_dir / "serve-llm-one-replica.yaml"
+            sized = (
+                f"autoscaling {mine.autoscaling['min_replicas']}-{mine.autoscaling['max_replicas']} replicas"
+                if mine.autoscaling
+                else f"{mine.num_replicas} replica(s)"
+            )
+            copy_note = [
+                f"tuner validate's copy of serve-llm.yaml at one replica (the export has {sized}): the "
+                "validated rates are per replica; everything else is the exported file's."
+            ]
+            path.write_text(render_serve_llm(one, copy_note, app_name=k8s_name(experiment)))
+            if mine.autoscaling or mine.num_replicas != 1:
+                notes.append(
+                    f"ray-serve: served at one replica (serve-llm-one-replica.yaml), the export has {sized}; "
+                    "the replica count and autoscaling are not validated, only what each replica holds"
+                )
             served.append(
                 Served(
                     "exported",
-                    "serve-llm.yaml as exported",
-                    exported.files["serve-llm.yaml"],
+                    "serve-llm.yaml as exported, at one replica",
+                    path,
                     mine.served_name,
                     prepared.model_path,
                     stack,
-                    mine.num_replicas,
                 )
             )
             if against_path is None:
                 path = out_dir / "comparison-serve-llm-vllm-defaults.yaml"
-                path.write_text(render_serve_llm(defaults, note, app_name=k8s_name(experiment)))
+                one_default = dataclasses.replace(defaults, num_replicas=1, autoscaling=None)
+                path.write_text(render_serve_llm(one_default, note, app_name=k8s_name(experiment)))
                 served.append(
                     Served(
                         "comparison",
-                        "vLLM's defaults (the search's baseline)",
+                        "vLLM's defaults (the search's baseline), at one replica",
                         path,
                         defaults.served_name,
                         prepared.model_path,
                         stack,
-                        defaults.num_replicas,
                     )
                 )
             else:
-                notes.append(f"--against {against_path} is a vllm serve config: the ray-serve stack has no comparison")
+                assert comparison_names is not None
+                args, left_out = user_engine_args(against_path)
+                theirs = dataclasses.replace(
+                    defaults,
+                    model_source=comparison_names[1],
+                    served_name=comparison_names[0],
+                    engine_args=args,
+                    num_replicas=1,
+                    autoscaling=None,
+                )
+                path = out_dir / "comparison-serve-llm-against.yaml"
+                dropped = f"; its server-only keys left out: {', '.join(left_out)}" if left_out else ""
+                against_note = [
+                    f"The comparison: the engine arguments of {against_path.name} (--against) on Ray Serve."
+                ]
+                path.write_text(render_serve_llm(theirs, against_note, app_name=k8s_name(experiment)))
+                notes.append(f"ray-serve: the --against file's engine arguments served as a Serve LLM app{dropped}")
+                served.append(
+                    Served(
+                        "comparison",
+                        f"{against_path} (--against) as a Serve LLM app, at one replica",
+                        path,
+                        comparison_names[0],
+                        prepared.model_path,
+                        stack,
+                    )
+                )
 
     outcome = ValidationOutcome(
         experiment, trial.trial_id, exported.slo, planned, served, out_dir=out_dir, notes=notes, workload=source
     )
     for number, server in enumerate(served):
         port = peer.free_port()
-        replicas = f" ({server.replicas} replicas: each rate x {server.replicas})" if server.replicas > 1 else ""
-        progress(f"[{server.stack}] starting {server.role}: {server.description} on 127.0.0.1:{port}{replicas}")
+        progress(f"[{server.stack}] starting {server.role}: {server.description} on 127.0.0.1:{port}")
         with _started(server, out_dir, port) as url:
             for index, rate in enumerate(planned):
                 measured = _measure(peer, context, slo, url, server, rate, step=index + 100 * number, work=out_dir)
                 outcome.measured.append(measured)
                 progress(f"[{server.stack}] {server.role} at {rate.rps:.3g} requests/s per replica: {_line(measured)}")
+    if scale_up_s:
+        outcome.scale_up = _scale_up_check(
+            peer, context, mine, record, out_dir, experiment, planned[0], scale_up_s, prepared.model_path, progress
+        )
     outcome.wall_s = time.monotonic() - began
     return outcome
+
+
+def _scale_up_check(
+    peer,
+    context,
+    mine,
+    record,
+    out_dir: Path,
+    experiment: str,
+    rate: Rate,
+    duration_s: float,
+    tokenizer: str,
+    progress: Callable[[str], None],
+) -> dict[str, Any] | None:
+    """Does Serve add a replica under a burst, with the exported autoscaling_config? A functional check:
+    the app starts at one replica with the exported target (max: the plan's, capped at what fits here),
+    gets `duration_s` of traffic at twice `rate` (what one replica is planned to hold), and the replica
+    states Serve reports every 2 s say whether and when a second replica ran. None (and a note in the
+    progress) when the export does not autoscale or a second replica cannot fit here."""
+    from tuner.serve_stack import replica_timeline, serve_app
+
+    if not mine.autoscaling:
+        progress(f"[ray-serve] scale-up check: the export does not autoscale ({mine.num_replicas} replica(s))")
+        return None
+    # On CPU, Serve LLM reserves a replica's engine cores plus 1 CPU for its replica actor in one bundle. Where
+    # two such replicas do not fit, the check's copy lets the actor ask for none (it shares the other cores).
+    engine = mine.cpu_cores_per_replica * mine.tensor_parallel_size
+    actor_cpus: float | None = None
+    if record.device == "cpu":
+        cpus = os.cpu_count() or 1
+        fits = cpus // (engine + 1)
+        if fits < 2 and cpus // engine >= 2:
+            fits, actor_cpus = cpus // engine, 0
+    else:
+        fits = int(mine.autoscaling["max_replicas"])
+    top = min(int(mine.autoscaling["max_replicas"]), fits)
+    if top < 2:
+        progress(f"[ray-serve] scale-up check: a second replica of {engine} core(s) does not fit here")
+        return None
+    autoscaling = {**mine.autoscaling, "min_replicas": 1, "max_replicas": top}
+    copy = dataclasses.replace(mine, num_replicas=1, autoscaling=autoscaling, replica_actor_cpus=actor_cpus)
+    path = out_dir / "serve-llm-scale-up.yaml"
+    actor = (
+        f" The replica actor asks for 0 CPUs (Serve's default 1, added to the engine's {engine} core(s), would let "
+        f"only one replica fit on these {os.cpu_count()} cores)."
+        if actor_cpus == 0
+        else ""
+    )
+    note = [
+        f"tuner validate's scale-up check: serve-llm.yaml with autoscaling 1-{top} replicas (the export has "
+        f"{mine.autoscaling['min_replicas']}-{mine.autoscaling['max_replicas']}), everything else as exported.{actor}"
+    ]
+    path.write_text(render_serve_llm(copy, note, app_name=k8s_name(experiment)))
+    burst = 2 * rate.rps
+    port = peer.free_port()
+    log = out_dir / "scale-up-replicas.jsonl"
+    log.unlink(missing_ok=True)
+    progress(
+        f"[ray-serve] scale-up check: autoscaling 1-{top} replicas (target_ongoing_requests "
+        f"{autoscaling.get('target_ongoing_requests', 'Serve default')}), {duration_s:.0f} s at {burst:.3g} "
+        f"requests/s (twice the {rate.label} rate per replica) on 127.0.0.1:{port}"
+        + ("; the replica actor asks for 0 CPUs so that two replicas fit here" if actor_cpus == 0 else "")
+    )
+    trace = out_dir / "trace-scale-up.jsonl"
+    offsets = peer.write_burst_trace(context.sample, burst, duration_s, trace, step=900)
+    with serve_app(path, out_dir, port, copy.served_name, replicas_log=log) as url:
+        try:
+            raw = peer.bench(
+                url,
+                trace,
+                len(offsets),
+                model_path=tokenizer,
+                served_name=copy.served_name,
+                work=out_dir,
+                name="bench-scale-up.json",
+                seed=context.seed,
+                timeout_s=duration_s * 3 + 600,
+            )
+            ended = time.time()
+        finally:
+            trace.unlink(missing_ok=True)
+        # bench's times are its own clock: the burst began its span (first send to last finish) before it ended.
+        finishes = [s + (lat or 0.0) for s, lat in zip(raw["start_times"], raw["latencies"], strict=True)]
+        span = max(finishes) - min(raw["start_times"])
+        began = ended - span
+        # A replica Serve added under the burst may still be starting (an engine start on a busy machine):
+        # wait for it a while, since the check is whether it comes up, not how fast on these cores.
+        wait_until = time.time() + REPLICA_START_WAIT_S
+        while time.time() < wait_until:
+            time.sleep(2)
+            latest = replica_timeline(log)[-1:]
+            if not latest or _replicas(latest[0][1]) < 2 or _running(latest[0][1]) >= 2:
+                break
+        time.sleep(2)
+    timeline = [(t - began, deployments) for t, deployments in replica_timeline(log)]
+    added = next((t for t, d in timeline if t >= 0 and _replicas(d) >= 2), None)
+    second = next((t for t, d in timeline if t >= 0 and _running(d) >= 2), None)
+    failed = sum(1 for e in raw["errors"] if e)
+    most = max((_running(d) for _, d in timeline), default=0)
+    scaled = added is not None and added <= duration_s and second is not None
+    if added is None or added > duration_s:
+        text = f"Serve added no replica during the {duration_s:.0f} s burst"
+    else:
+        text = f"Serve added a second replica {added:.0f} s into the {duration_s:.0f} s burst"
+        text += (
+            f", running {second:.0f} s after the burst began"
+            if second is not None
+            else f", not running {REPLICA_START_WAIT_S:.0f} s after the burst's last request"
+        )
+    text += f" (last request done at {span:.0f} s; at most {most} ran); {failed} of {len(offsets)} requests failed"
+    progress(f"[ray-serve] scale-up check: {text}")
+    return {
+        "scaled": scaled,
+        "replica_added_after_s": None if added is None else round(added, 1),
+        "second_replica_after_s": None if second is None else round(second, 1),
+        "burst_span_s": round(span, 1),
+        "max_running_replicas": most,
+        "autoscaling_config": autoscaling,
+        "replica_actor_cpus": actor_cpus,
+        "burst_rps": burst,
+        "burst_s": duration_s,
+        "requests": len(offsets),
+        "failed_requests": failed,
+        "timeline": [{"t_s": round(t, 1), "running": _running(d), "replicas": _replicas(d)} for t, d in timeline],
+        "text": text,
+    }
+
+
+def _running(deployments: Mapping[str, Mapping[str, int]]) -> int:
+    """Running replicas of the engine deployment (not the ingress) in one replica-state snapshot."""
+    engines = [states for name, states in deployments.items() if "ingress" not in name.lower()]
+    return max((int(states.get("RUNNING", 0)) for states in engines), default=0)
+
+
+def _replicas(deployments: Mapping[str, Mapping[str, int]]) -> int:
+    """Replicas of the engine deployment in any state (starting ones included) in one snapshot."""
+    engines = [states for name, states in deployments.items() if "ingress" not in name.lower()]
+    return max((sum(int(n) for n in states.values()) for states in engines), default=0)
 
 
 def _started(server: Served, work: Path, port: int):
@@ -395,12 +617,11 @@ def _started(server: Served, work: Path, port: int):
 
 
 def _measure(peer, context, slo, url: str, server: Served, rate: Rate, *, step: int, work: Path) -> Measured:
-    """One bench serve run at `rate` per replica (the whole app gets rate x replicas); the step judged by
-    the search's rule, rates reported per replica."""
+    """One bench serve run at `rate` against one replica; the step judged by the search's rule."""
     from tuner.metrics import summarize_step
 
     began = time.monotonic()
-    total = rate.rps * server.replicas
+    total = rate.rps
     name = f"{server.stack}-{server.role}-{rate.label}"
     trace = work / f"trace-{name}.jsonl"
     offsets, warmup = peer.write_timed_trace(context.sample, total, trace, step=step)
@@ -430,9 +651,6 @@ def _measure(peer, context, slo, url: str, server: Served, rate: Rate, *, step: 
         horizon_s=context.sustain_horizon_s,
     )
     figures = {k: float(summary.metrics[k]) for k in FIGURES if k in summary.metrics}
-    for key in PER_REPLICA:
-        if key in figures:
-            figures[key] /= server.replicas
     return Measured(server.stack, server.role, rate, summary.passed, figures, time.monotonic() - began)
 
 

@@ -1,6 +1,7 @@
 """The `validate` command: parse options, call tuner.validate, print the table, record it, set the exit code.
 
-Exit codes: 0 the exported config held the SLO at the planned operating point; 1 it missed; 2 bad input
+Exit codes: 0 the exported config held the SLO at the planned operating point (and, with --scale-up-s, Serve
+added a replica under the burst); 1 it missed (or Serve did not scale up); 2 bad input
 (any other TunerError, from the main group); 3 a stack could not start or be measured (StackError).
 """
 
@@ -49,6 +50,14 @@ from tuner.validate import DEFAULT_HEADROOM, STACKS
     help="Planned operating point = confirmed capacity's lower bound x (1 - headroom).",
 )
 @click.option("--pick", type=click.Choice(PICKS), default="max-capacity", show_default=True, help="As for export.")
+@click.option(
+    "--scale-up-s",
+    type=float,
+    default=0,
+    show_default=True,
+    help="Ray Serve only: also check that the exported autoscaling adds a replica under this many seconds of "
+    "traffic at twice the planned rate per replica (0 = off; at least 60).",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for the files.")
 def validate(
     experiment: str,
@@ -59,6 +68,7 @@ def validate(
     rates: str,
     headroom: float,
     pick: str,
+    scale_up_s: float,
     out_dir: str,
 ) -> None:
     """Serve the exported config as written, replay traffic through it with vLLM's bench serve, and judge the SLO."""
@@ -80,6 +90,7 @@ def validate(
             rates=rates,
             headroom=headroom,
             pick=pick,
+            scale_up_s=scale_up_s,
             progress=lambda line: click.echo(line),
         )
     except StackError as error:
@@ -106,7 +117,7 @@ def validate(
         click.echo(f"note: {note}")
     click.echo(f"wrote {out / 'validation.json'}; MLflow run {run_id} (run_kind=validate) under the search's parent")
     verdict = outcome.text()
-    if outcome.held:
+    if outcome.passed:
         click.secho(verdict, fg="green")
         return
     click.secho(verdict, fg="red")

@@ -100,12 +100,37 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
     from tuner.cli import main
     from tuner.tiny_model import ensure_tiny_model
 
-    uri = build_store(tmp_path, "serve-validate", standard_trials(), slo=LENIENT, model=str(ensure_tiny_model()))
+    # A production rate profile that plans 3-5 replicas (autoscaling) at the winner's 3.2 requests/s per
+    # replica: more than this machine can place. Validation serves one replica of it, at per-replica rates.
+    workload = {
+        "source": "/data/chat.jsonl",
+        "format": "canonical",
+        "sha256": "ab" * 32,
+        "transforms": [],
+        "rate_profile": {"trough": 7.0, "mean": 9.0, "p99": 12.0, "peak": 13.0},
+    }
+    model = str(ensure_tiny_model())
+    uri = build_store(tmp_path, "serve-validate", standard_trials(), slo=LENIENT, model=model, workload=workload)
     out = tmp_path / "validated"
     argv = ["validate", "--experiment", "serve-validate", "--tracking-uri", uri, "--out", str(out)]
-    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "2"])
+    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "6", "--scale-up-s", "90"])
     assert _servers_left() == [], "Serve, its Ray and its engine are stopped"
     assert result.exit_code == 0, result.output[-4000:]
+    # The scale-up check: the exported autoscaling (3-5) at 1-2 replicas here, 90 s at twice the rate: Serve
+    # adds a replica during the burst, and it comes up (when depends on these 2 busy cores, not asserted).
+    scale_up = json.loads((out / "validation.json").read_text())["scale_up"]
+    assert scale_up["autoscaling_config"]["min_replicas"] == 1 and scale_up["autoscaling_config"]["max_replicas"] == 2
+    assert scale_up["scaled"] and 0 < scale_up["replica_added_after_s"] <= 90, scale_up["timeline"]
+    assert scale_up["second_replica_after_s"] >= scale_up["replica_added_after_s"]
+    before = [entry for entry in scale_up["timeline"] if entry["t_s"] < 0]
+    assert scale_up["max_running_replicas"] == 2 and before and before[-1]["running"] == 1, "one replica before it"
+    assert not list(out.glob("bench-*.json")) and not list(out.glob("trace-*.jsonl"))
+    exported = yaml.safe_load((out / "serve-llm.yaml").read_text())["applications"][0]["args"]["llm_configs"][0]
+    assert exported["deployment_config"]["autoscaling_config"]["min_replicas"] == 3, "the plan, as exported"
+    one = yaml.safe_load((out / "serve-llm-one-replica.yaml").read_text())["applications"][0]["args"]["llm_configs"][0]
+    assert one["deployment_config"]["num_replicas"] == 1 and "autoscaling_config" not in one["deployment_config"]
+    assert one["engine_kwargs"] == exported["engine_kwargs"], "the engine as exported"
+    assert "served at one replica (serve-llm-one-replica.yaml), the export has autoscaling 3-5" in result.output
     document = json.loads((out / "validation.json").read_text())
     measured = document["measurements"]
     assert sorted((m["stack"], m["config"]) for m in measured) == [
@@ -113,7 +138,7 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
         ("ray-serve", "exported"),
     ]
     for m in measured:
-        assert m["arrival_rps"] == pytest.approx(2.0, rel=0.15) and m["failed_requests"] == 0
+        assert m["arrival_rps"] == pytest.approx(6.0, rel=0.15) and m["failed_requests"] == 0
         assert m["measured_requests"] >= 10 and m["ttft_p95_s"] > 0
     served = yaml.safe_load((out / "serve-llm.yaml").read_text())
     assert served["applications"][0]["args"]["ingress_deployment_config"] == {"ray_actor_options": {"num_cpus": 0}}

@@ -39,6 +39,54 @@ def test_a_comparison_file_is_a_vllm_serve_config_named_in_every_error(tmp_path:
     assert user_config(tmp_path / "mine.yaml") == ("prod", "/models/x")
 
 
+def test_a_comparison_file_on_ray_serve_is_its_engine_arguments_without_the_servers_own(tmp_path: Path):
+    from tuner.validate import user_engine_args
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        "model: /models/x\nserved-model-name: prod\nhost: 0.0.0.0\nport: 9000\napi-key: s3cret\n"
+        "max-num-seqs: 8\nenable-prefix-caching: true\nkv-cache-memory-bytes: 1000000\n"
+    )
+    args, left_out = user_engine_args(mine)
+    assert args == {"max_num_seqs": 8, "enable_prefix_caching": True, "kv_cache_memory_bytes": 1000000}
+    assert left_out == ["host", "port", "api-key"]
+
+
+def test_the_scale_up_check_counts_running_engine_replicas_from_serves_states(tmp_path: Path):
+    from tuner.serve_stack import replica_timeline
+    from tuner.validate import _replicas, _running
+
+    log = tmp_path / "replicas.jsonl"
+    log.write_text(
+        '{"t": 1.0, "deployments": {"OpenAiIngress": {"RUNNING": 1}, "LLMServer:tiny": {"RUNNING": 1}}}\n'
+        '{"t": 3.0, "deployments": {"OpenAiIngress": {"RUNNING": 1}, '
+        '"LLMServer:tiny": {"RUNNING": 1, "STARTING": 1}}}\n'
+        '{"t": 5.0, "deployments": {"OpenAiIngress": {"RUNNING": 1}, "LLMServer:tiny": {"RUNNING": 2}}}\n'
+        '{"t": 7.0, "deploy'  # cut short when the child was stopped
+    )
+    timeline = replica_timeline(log)
+    assert [t for t, _ in timeline] == [1.0, 3.0, 5.0]
+    assert [_running(d) for _, d in timeline] == [1, 1, 2], "the ingress is not an engine replica"
+    assert [_replicas(d) for _, d in timeline] == [1, 2, 2], "a starting replica is one Serve added"
+    assert replica_timeline(tmp_path / "missing.jsonl") == []
+
+
+def test_the_scale_up_check_needs_ray_serve_and_a_burst_long_enough(tmp_path: Path):
+    from tuner.cli import main
+
+    uri = build_store(tmp_path, "scale", standard_trials())
+    argv = ["validate", "--experiment", "scale", "--tracking-uri", uri, "--out", str(tmp_path / "out")]
+    for extra, says in (
+        (["--scale-up-s", "120"], "--scale-up-s: the scale-up check runs on Ray Serve"),
+        (["--stack", "ray-serve", "--scale-up-s", "30"], "--scale-up-s must be 0 (off) or at least 60 s"),
+    ):
+        result = CliRunner().invoke(main, [*argv, *extra])
+        assert result.exit_code == 2, result.output
+        assert [line for line in result.output.splitlines() if line.startswith("error: ")] == [
+            next(line for line in result.output.splitlines() if says in line)
+        ]
+
+
 def _record(verdict: dict | None) -> SearchRecord:
     return SearchRecord("e", "p", "u", "ttft:p95<1s", (), verdict=verdict or {})
 
