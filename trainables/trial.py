@@ -27,7 +27,7 @@ from tuner.records import PlannedRequest, RequestRecord
 from tuner.sampling import StepSample, plan_step
 from tuner.slo import parse_slo
 from tuner.space import POOL_PARAMS
-from tuner.vocabulary import TrialStatus
+from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +251,8 @@ class TrialRunner:
             "phase": str(phase),
             "engine_start_s": round(self.start_s, 2),
             "step_wall_s": round(time.perf_counter() - began, 2),
-            "trial_status": str(TrialStatus.COMPLETED if done else TrialStatus.RUNNING),
-            "status_reason": reason,
+            STATUS_TAG: str(TrialStatus.COMPLETED if done else TrialStatus.RUNNING),
+            STATUS_REASON_TAG: reason,
             "done": done,
         }
 
@@ -322,8 +322,8 @@ class TrialRunner:
             "retried_requests": 0.0,
             "lost_requests": 0.0,
             "phase": str(Phase.CLIMB),
-            "trial_status": str(TrialStatus.INFEASIBLE),
-            "status_reason": reason,
+            STATUS_TAG: str(TrialStatus.INFEASIBLE),
+            STATUS_REASON_TAG: reason,
             "done": True,
         }
 

@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TrackingError
-from tuner.recorded import TrialRow
-from tuner.vocabulary import FINAL_STATUSES, PARENT_TAG, RUN_KIND_TAG, RunKind, TrialStatus
+from tuner.recorded import TrialRow, scrub_uri
+from tuner.vocabulary import (
+    FINAL_STATUSES,
+    PARENT_TAG,
+    RUN_KIND_TAG,
+    STATUS_REASON_TAG,
+    STATUS_TAG,
+    RunKind,
+    TrialStatus,
+)
 
 # How MLflow's SQL stores write an infinite value (they cannot hold inf); the SLO's statistics are +inf
 # when failed requests decide them, and must read back as larger than any bound.
@@ -85,7 +93,7 @@ def experiment_id(client, name: str, *, create: bool) -> str:
             client.restore_experiment(found.experiment_id)
         return found.experiment_id
     if not create:
-        raise TrackingError(f"no MLflow experiment named {name!r} in {client.tracking_uri}")
+        raise TrackingError(f"no MLflow experiment named {name!r} in {scrub_uri(client.tracking_uri)}")
     artifacts = None
     if str(client.tracking_uri).startswith("sqlite:///"):
         # Beside the database, not in ./mlruns of whatever folder the command ran in.
@@ -211,29 +219,29 @@ class TrialTracker:
         for run in runs:
             if run.data.tags.get(RUN_KIND_TAG) == RunKind.CONFIRM.value:
                 if run.info.status == "RUNNING":  # a confirmation the stopped driver left open
-                    self.client.set_tag(run.info.run_id, "trial_status", TrialStatus.EARLY_STOPPED.value)
-                    self.client.set_tag(run.info.run_id, "status_reason", reason)
+                    self.client.set_tag(run.info.run_id, STATUS_TAG, TrialStatus.EARLY_STOPPED.value)
+                    self.client.set_tag(run.info.run_id, STATUS_REASON_TAG, reason)
                     self.client.set_terminated(run.info.run_id, "KILLED")
                 continue
             trial_id = run.data.tags.get("trial_id")
             if not trial_id:
                 continue
-            status = run.data.tags.get("trial_status", TrialStatus.RUNNING.value)
+            status = run.data.tags.get(STATUS_TAG, TrialStatus.RUNNING.value)
             outcome = LiveTrial(
                 trial_id,
                 run.info.run_id,
                 dict(run.data.params),
                 metrics=dict(run.data.metrics),
                 status=status,
-                reason=run.data.tags.get("status_reason", ""),
+                reason=run.data.tags.get(STATUS_REASON_TAG, ""),
                 steps=int(run.data.metrics.get("load_step", 0)),
                 closed=True,
             )
             if status not in FINAL_STATUSES or run.info.status == "RUNNING":
                 interrupted += 1
                 outcome.status, outcome.reason = TrialStatus.EARLY_STOPPED, reason
-                self.client.set_tag(run.info.run_id, "trial_status", outcome.status)
-                self.client.set_tag(run.info.run_id, "status_reason", reason)
+                self.client.set_tag(run.info.run_id, STATUS_TAG, outcome.status)
+                self.client.set_tag(run.info.run_id, STATUS_REASON_TAG, reason)
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.outcomes[trial_id] = outcome
         return len(self.outcomes), interrupted
@@ -248,7 +256,7 @@ class TrialTracker:
                 PARENT_TAG: self.parent_run_id,
                 "trial_id": trial_id,
                 RUN_KIND_TAG: RunKind.TRIAL.value,
-                "trial_status": TrialStatus.RUNNING.value,
+                STATUS_TAG: TrialStatus.RUNNING.value,
             },
         )
         for key, value in params.items():
@@ -270,8 +278,8 @@ class TrialTracker:
         now = int(time.time() * 1000)
         self.client.log_batch(outcome.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
         outcome.metrics, outcome.steps = metrics, step
-        outcome.status = TrialStatus(str(result.get("trial_status", TrialStatus.RUNNING)))
-        outcome.reason = str(result.get("status_reason", ""))
+        outcome.status = TrialStatus(str(result.get(STATUS_TAG, TrialStatus.RUNNING)))
+        outcome.reason = str(result.get(STATUS_REASON_TAG, ""))
         if outcome.status == TrialStatus.INFEASIBLE:
             self.say(f"  {trial_id} infeasible: {outcome.reason}")
             return
@@ -320,8 +328,8 @@ class TrialTracker:
     def _close(self, outcome: LiveTrial) -> None:
         run_id = outcome.run_id
         status = TrialStatus(outcome.status)
-        self.client.set_tag(run_id, "trial_status", status.value)
-        self.client.set_tag(run_id, "status_reason", outcome.reason[:5000])
+        self.client.set_tag(run_id, STATUS_TAG, status.value)
+        self.client.set_tag(run_id, STATUS_REASON_TAG, outcome.reason[:5000])
         self.client.set_terminated(run_id, "FINISHED" if status != TrialStatus.INFEASIBLE else "FAILED")
         outcome.closed = True
         self.say(
@@ -431,7 +439,7 @@ def open_confirm_run(client, experiment: str, parent: str, trial_id: str, round_
             RUN_KIND_TAG: RunKind.CONFIRM.value,
             "confirms_trial": trial_id,
             "confirm_round": str(round_),
-            "trial_status": TrialStatus.RUNNING.value,
+            STATUS_TAG: TrialStatus.RUNNING.value,
         },
     )
     for key, value in params.items():
@@ -446,8 +454,8 @@ def close_confirm_run(client, run_id: str, result: dict[str, Any] | None, status
     if result is not None:
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in measurable(result).items()])
-    client.set_tag(run_id, "trial_status", status.value)
-    client.set_tag(run_id, "status_reason", reason[:5000])
+    client.set_tag(run_id, STATUS_TAG, status.value)
+    client.set_tag(run_id, STATUS_REASON_TAG, reason[:5000])
     client.set_terminated(run_id, "FAILED" if status == TrialStatus.INFEASIBLE else "FINISHED")
 
 
