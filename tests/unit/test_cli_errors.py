@@ -195,3 +195,30 @@ def test_an_address_where_no_ray_cluster_listens_is_one_line(invoke):
         port = probe.getsockname()[1]
     line = invoke("--address", f"127.0.0.1:{port}", "--dry-run")
     assert line == f"error: --address 127.0.0.1:{port}: no Ray cluster answers there (Connection refused)"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["search", "--config", "DIR"], "error: Invalid value for '--config': File 'DIR' is a directory."),
+        (
+            ["record", "--upstream", "http://x", "--out", "DIR"],
+            "error: Invalid value for '--out': File 'DIR' is a directory.",
+        ),
+        (["report", "--experiment"], "error: Option '--experiment' requires an argument."),
+        (["export", "--no-such-flag"], "error: No such option '--no-such-flag'."),
+        (["no-such-command"], "error: No such command 'no-such-command'."),
+        (["--no-such-flag", "search"], "error: No such option '--no-such-flag'."),
+    ],
+)
+def test_a_bad_command_line_is_one_line_not_clicks_usage_text(tmp_path, args, expected):
+    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    result = CliRunner().invoke(main, args)
+    assert (result.exit_code, result.output) == (2, expected.replace("DIR", str(tmp_path)) + "\n")
+
+
+def test_debug_and_help_still_show_clicks_text():
+    debug = CliRunner().invoke(main, ["--debug", "export", "--no-such-flag"])
+    assert debug.exit_code == 2 and "Usage:" in debug.output and "No such option '--no-such-flag'." in debug.output
+    bare = CliRunner().invoke(main, ["workload"])
+    assert "Usage:" in bare.output and "inspect" in bare.output and "error:" not in bare.output
