@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from click.testing import CliRunner
 
 from tuner.cli import main
+from tuner.errors import ConfigError
 
 SPACE_OK = "parameters:\n  max_num_seqs: {type: int, low: 2, high: 8}\n"
 
@@ -222,3 +225,34 @@ def test_debug_and_help_still_show_clicks_text():
     assert debug.exit_code == 2 and "Usage:" in debug.output and "No such option '--no-such-flag'." in debug.output
     bare = CliRunner().invoke(main, ["workload"])
     assert "Usage:" in bare.output and "inspect" in bare.output and "error:" not in bare.output
+
+
+def test_a_relative_model_path_that_is_neither_here_nor_on_the_hub_is_one_line_at_once(invoke, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no models/ folder here, and none beside the config
+    began = time.monotonic()
+    line = invoke("--model", "models/no-such-model-of-vllm-tuner", "--dry-run")
+    assert line.startswith(
+        "error: model.path: models/no-such-model-of-vllm-tuner: no such local directory (a relative path is "
+        "taken from the config's folder or the working directory), and not a Hugging Face id that can be reached ("
+    )
+    # Offline: "https://huggingface.co did not answer: ConnectError: ..."; online: "... has no model of that id".
+    assert "did not answer: " in line or "has no model of that id" in line
+    assert time.monotonic() - began < 30, "not vLLM's minute of retries"
+
+
+def test_a_hub_id_in_the_local_cache_is_a_model_even_offline(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from tuner.search import _check_model_path
+
+    snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "models--org--cached" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    assert _check_model_path("org/cached") == "org/cached"
+    with pytest.raises(ConfigError, match=r"model.path: org/other: no such local directory .*\(HF_HUB_OFFLINE is set"):
+        _check_model_path("org/other")
