@@ -59,22 +59,69 @@ _TRACKING_SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http
 
 
 def check_tracking_uri(uri: str) -> None:
-    """Raise TrackingError (one line, naming --tracking-uri) for a URI MLflow cannot track to, and create a
-    SQLite database's folder, failing the same way when it cannot."""
+    """Raise TrackingError (one line, naming --tracking-uri) for a URI MLflow cannot track to: an unknown
+    scheme, an http(s) server that does not answer as MLflow's does, or a SQLite file that is not a
+    database. A SQLite database's folder is created (nothing else is written), failing the same way when
+    it cannot be."""
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    shown = scrub_uri(uri)
     if scheme not in _TRACKING_SCHEMES:
         raise TrackingError(
-            f"--tracking-uri {uri}: MLflow cannot track to a {scheme!r} URI (use sqlite:///FILE, "
+            f"--tracking-uri {shown}: MLflow cannot track to a {scheme!r} URI (use sqlite:///FILE, "
             "http(s)://HOST:PORT, file:///DIR, postgresql://, mysql:// or mssql://)"
         )
     if scheme == "sqlite":
-        folder = Path(uri.removeprefix("sqlite:///")).parent
+        database = Path(uri.removeprefix("sqlite:///"))
+        folder = database.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise TrackingError(f"--tracking-uri {uri}: cannot create {folder}: {error.strerror}") from None
+            raise TrackingError(f"--tracking-uri {shown}: cannot create {folder}: {error.strerror}") from None
         if not os.access(folder, os.W_OK):
-            raise TrackingError(f"--tracking-uri {uri}: {folder} is not writable")
+            raise TrackingError(f"--tracking-uri {shown}: {folder} is not writable")
+        if database.exists():
+            _check_sqlite(shown, database)
+    elif scheme in ("http", "https"):
+        _check_server(shown)
+
+
+# How long the tracking server may take to answer the check (MLflow's own client retries for minutes).
+SERVER_PROBE_TIMEOUT_S = 5.0
+
+
+def _check_server(uri: str) -> None:
+    """TrackingError unless an MLflow tracking server answers at `uri` (its /health route; an answer that
+    asks for credentials counts: the MLflow client sends those)."""
+    import urllib.error
+    import urllib.request
+
+    url = f"{uri.rstrip('/')}/health"
+    try:
+        urllib.request.urlopen(url, timeout=SERVER_PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError as error:
+        error.close()
+        if error.code not in (401, 403):
+            raise TrackingError(
+                f"--tracking-uri {uri}: the server there does not answer as MLflow's does (HTTP {error.code} for {url})"
+            ) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        why = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+        raise TrackingError(f"--tracking-uri {uri}: no MLflow tracking server answers there ({why})") from None
+
+
+def _check_sqlite(uri: str, database: Path) -> None:
+    """TrackingError unless `database` is a file SQLite can read (it writes nothing)."""
+    import sqlite3
+    from contextlib import closing
+
+    if not database.is_file():
+        raise TrackingError(f"--tracking-uri {uri}: {database} is not a database file")
+    try:
+        with closing(sqlite3.connect(database)) as connection:
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as error:
+        raise TrackingError(f"--tracking-uri {uri}: {database} is not an SQLite database ({error})") from None
 
 
 def client_for(uri: str):

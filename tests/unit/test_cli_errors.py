@@ -160,6 +160,15 @@ def test_a_model_directory_without_config_json_is_named_before_any_engine_starts
             "sqlite:////proc/no-such-dir/mlflow.db",
             "--tracking-uri sqlite:////proc/no-such-dir/mlflow.db: cannot create",
         ),
+        (
+            "http://127.0.0.1:1",
+            "--tracking-uri http://127.0.0.1:1: no MLflow tracking server answers there (Connection refused)",
+        ),
+        (
+            "sqlite:///TMP/garbage.db",
+            "--tracking-uri sqlite:///TMP/garbage.db: TMP/garbage.db is not an SQLite database "
+            "(file is not a database)",
+        ),
     ],
 )
 @pytest.mark.parametrize(
@@ -171,6 +180,8 @@ def test_a_model_directory_without_config_json_is_named_before_any_engine_starts
     ],
 )
 def test_an_unusable_tracking_uri_is_one_line(tmp_path, uri, expected, command):
+    (tmp_path / "garbage.db").write_text("not a database: text long enough to fill SQLite's 100-byte header " * 3)
+    uri, expected = uri.replace("TMP", str(tmp_path)), expected.replace("TMP", str(tmp_path))
     args = [str(tmp_path / "out") if a == "OUT" else a for a in command]
     result = CliRunner().invoke(main, [*args, "--tracking-uri", uri])
     assert result.exit_code == 2, result.output
