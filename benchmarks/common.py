@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainables.trial import TrialContext
+from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus
 
 
 def start_local_ray() -> None:
@@ -58,8 +59,8 @@ def run_trial(
         "steps": steps,
         "teardown_s": round(teardown_s, 3),
         "wall_s": round(time.perf_counter() - began, 3),
-        "status": last["trial_status"],
-        "status_reason": last["status_reason"],
+        "status": last[STATUS_TAG],
+        "status_reason": last[STATUS_REASON_TAG],
         **{
             k: last[k]
             for k in (
@@ -76,7 +77,7 @@ def run_trial(
 
 def step_line(result: dict[str, Any]) -> str:
     """One progress line per step, as the search prints them."""
-    if result.get("trial_status") == "infeasible":
+    if result.get(STATUS_TAG) == TrialStatus.INFEASIBLE:
         return f"  infeasible: {result.get('status_reason', '')}"
     verdict = "pass" if result.get("slo_pass") else "FAIL"
     return (

@@ -72,6 +72,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import machine, run_trial, start_local_ray, step_line, stop_ray  # noqa: E402
 
+from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus  # noqa: E402
+
 CONFIG = ROOT / "benchmarks" / "search-cost.yaml"
 SPACE = ROOT / "benchmarks" / "search-cost-space.yaml"
 OUT = ROOT / "reports" / "benchmarks"
@@ -302,7 +304,7 @@ def _print_step(result: dict[str, Any]) -> None:
     if "arrival_rps" in result:
         print(step_line(result), flush=True)
     else:  # an infeasible trial's result has no step metrics
-        print(f"  {result.get('trial_status')}: {result.get('status_reason')}", flush=True)
+        print(f"  {result.get(STATUS_TAG)}: {result.get(STATUS_REASON_TAG)}", flush=True)
 
 
 def _write(path: Path, data: Any) -> None:
@@ -780,8 +782,8 @@ def live(args: argparse.Namespace) -> None:
         rows.append(
             {
                 "params": params,
-                "status": run.data.tags.get("trial_status"),
-                "reason": run.data.tags.get("status_reason"),
+                "status": run.data.tags.get(STATUS_TAG),
+                "reason": run.data.tags.get(STATUS_REASON_TAG),
                 "started": run.info.start_time,
                 "engine_s": round(wall_s, 1),
                 "live_" + METRIC: run.data.metrics.get(METRIC, 0.0),
@@ -808,7 +810,7 @@ def live(args: argparse.Namespace) -> None:
         predicted = results["choose_on"]["startup_sweep"]["optuna+asha"].get(str(rule))
     elif results.get("report_on", {}).get("workload") == "bundled":
         predicted = results["strategies_at_tool_rule"].get("optuna+asha")
-    complete = [r for r in rows if r["status"] == "completed"]
+    complete = [r for r in rows if r["status"] == TrialStatus.COMPLETED]
     within = sum(
         1
         for r in complete

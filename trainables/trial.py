@@ -27,7 +27,7 @@ from tuner.records import PlannedRequest, RequestRecord
 from tuner.sampling import StepSample, plan_step
 from tuner.slo import parse_slo
 from tuner.space import POOL_PARAMS
-from tuner.vocabulary import TrialStatus
+from tuner.vocabulary import HEALTH_METRICS, STATUS_REASON_TAG, STATUS_TAG, TRIAL_METRICS, TrialStatus
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +251,8 @@ class TrialRunner:
             "phase": str(phase),
             "engine_start_s": round(self.start_s, 2),
             "step_wall_s": round(time.perf_counter() - began, 2),
-            "trial_status": str(TrialStatus.COMPLETED if done else TrialStatus.RUNNING),
-            "status_reason": reason,
+            STATUS_TAG: str(TrialStatus.COMPLETED if done else TrialStatus.RUNNING),
+            STATUS_REASON_TAG: reason,
             "done": done,
         }
 
@@ -300,30 +300,23 @@ class TrialRunner:
         }
 
     def _infeasible_result(self, reason: str) -> dict[str, Any]:
+        """Every trial metric (capacity 0, the reference latencies at the penalty) but the bracket's top
+        (nothing failed: nothing was measured), the health counters at 0 and a failed step verdict."""
         penalty = self.context.penalty_latency_s
+        trial = {name: penalty if name.startswith("ref_") else 0.0 for name in TRIAL_METRICS}
+        del trial["capacity_hi_rps_per_accel"]
         return {
+            **trial,
+            **dict.fromkeys(HEALTH_METRICS, 0.0),
             "load_step": float(max(1, len(self.steps))),
-            "capacity_rps": 0.0,
-            "capacity_rps_per_accel": 0.0,
-            "capacity_censored": 0.0,
             "slo_pass": 0.0,
             "slo_headroom": 0.0,
             "slo_attainment": 0.0,
             "goodput_rps": 0.0,
-            "ref_ttft_p95_s": penalty,
-            "ref_tpot_p95_s": penalty,
-            "ref_e2e_p95_s": penalty,
-            "capacity_lo_rps_per_accel": 0.0,
-            "capacity_inconsistent": 0.0,
             "num_accelerators": float(self.num_accelerators),
-            "replica_failures": 0.0,
-            "detection_s": 0.0,
-            "false_alarms": 0.0,
-            "retried_requests": 0.0,
-            "lost_requests": 0.0,
             "phase": str(Phase.CLIMB),
-            "trial_status": str(TrialStatus.INFEASIBLE),
-            "status_reason": reason,
+            STATUS_TAG: str(TrialStatus.INFEASIBLE),
+            STATUS_REASON_TAG: reason,
             "done": True,
         }
 

@@ -1,8 +1,11 @@
-"""The command line: parse, validate, call one entry point, and turn any TunerError into one red line."""
+"""The command line: parse, validate, call one entry point, and turn any TunerError or bad command line into one
+red line."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
 import click
 
@@ -12,16 +15,33 @@ from tuner.vocabulary import FINAL_STATUSES
 
 
 class TunerGroup(click.Group):
-    """A click group that prints a TunerError as one line (exit 2) unless --debug asks for the traceback."""
+    """A click group that prints a TunerError, or click's own error for a bad command line (a missing or
+    invalid argument, an unknown option or command), as one line (exit 2); --debug shows the traceback
+    of a TunerError and click's usage text instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _one_line_errors(ctx):
+            return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context):
-        try:
+        with _one_line_errors(ctx):
             return super().invoke(ctx)
-        except TunerError as error:
-            if ctx.obj and ctx.obj.get("debug"):
-                raise
-            click.secho(f"error: {error}", fg="red", err=True)
-            sys.exit(2)
+
+
+# Click (8.2+) asks for the help text of a group called with nothing by raising a UsageError: let it show.
+_NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+@contextlib.contextmanager
+def _one_line_errors(ctx: click.Context) -> Iterator[None]:
+    try:
+        yield
+    except (TunerError, click.UsageError) as error:
+        if isinstance(error, _NoArgsIsHelp) or (ctx.obj and ctx.obj.get("debug")):
+            raise
+        message = error.format_message() if isinstance(error, click.UsageError) else str(error)
+        click.secho(f"error: {message}", fg="red", err=True)
+        sys.exit(2)
 
 
 @click.group(cls=TunerGroup)

@@ -23,7 +23,7 @@ from tuner.recorded import TrialRow
 from tuner.selection import feasible_trials
 from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
 from tuner.verdict import REFERENCE_LATENCIES, Measurement, Verdict, decide
-from tuner.vocabulary import TrialStatus
+from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus
 
 if TYPE_CHECKING:
     from trainables.trial import TrialContext
@@ -177,7 +177,7 @@ def run_confirmation(
                     close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, reason)
                 raise
             durations.append(time.monotonic() - measuring)
-            status = TrialStatus(str(result.get("trial_status", TrialStatus.COMPLETED)))
+            status = TrialStatus(str(result.get(STATUS_TAG, TrialStatus.COMPLETED)))
             capacity = float(result.get("capacity_rps_per_accel", 0.0)) if status != TrialStatus.INFEASIBLE else 0.0
             hi = result.get("capacity_hi_rps_per_accel")
             if not reference_step:  # no step at the reference load: its latencies are only the penalty
@@ -200,7 +200,7 @@ def run_confirmation(
                 start_from[trial_id] = {"capacity_rps_per_accel": capacity, "capacity_hi_rps_per_accel": measurement.hi}
             text = capacity_text(result, status)
             if client is not None:
-                close_confirm_run(client, run_id, result, status, str(result.get("status_reason", "")))
+                close_confirm_run(client, run_id, result, status, str(result.get(STATUS_REASON_TAG, "")))
             progress(f"  confirm {trial_id} (round {index + 1}): {text}")
         done += 1
     if done < 2:

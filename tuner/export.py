@@ -374,6 +374,25 @@ def _comment(lines: Sequence[str]) -> str:
     return "".join(f"# {line}\n" if line else "#\n" for line in lines)
 
 
+# The step metrics best.json keeps per step (all in tuner.vocabulary.STEP_METRICS; a unit test checks).
+BEST_JSON_STEP_METRICS = (
+    "load_step",
+    "load_factor",
+    "offered_rps",
+    "arrival_rps",
+    "measured_requests",
+    "achieved_rps",
+    "slo_pass",
+    "slo_headroom",
+    "overloaded",
+    "ttft_growth",
+    "failed_requests",
+    "ttft_p95_s",
+    "tpot_p95_s",
+    "e2e_p95_s",
+)
+
+
 def best_document(
     record: SearchRecord,
     trial: TrialRow,
@@ -387,29 +406,7 @@ def best_document(
     plan_note: str = "",
 ) -> dict[str, Any]:
     """`best.json`: the params, measured metrics and provenance of the exported trial (no prompt text)."""
-    steps = [
-        {
-            k: step[k]
-            for k in (
-                "load_step",
-                "load_factor",
-                "offered_rps",
-                "arrival_rps",
-                "measured_requests",
-                "achieved_rps",
-                "slo_pass",
-                "slo_headroom",
-                "overloaded",
-                "ttft_growth",
-                "failed_requests",
-                "ttft_p95_s",
-                "tpot_p95_s",
-                "e2e_p95_s",
-            )
-            if k in step
-        }
-        for step in trial.steps
-    ]
+    steps = [{k: step[k] for k in BEST_JSON_STEP_METRICS if k in step} for step in trial.steps]
     return {
         "experiment": record.experiment,
         "parent_run_id": record.parent_run_id,

@@ -24,7 +24,7 @@ import yaml
 from tuner.errors import TrackingError
 from tuner.pareto import Objective
 from tuner.space import matches_baseline
-from tuner.vocabulary import RUN_KIND_TAG, STEP_METRICS, RunKind
+from tuner.vocabulary import PARENT_TAG, RUN_KIND_TAG, STATUS_REASON_TAG, STATUS_TAG, STEP_METRICS, RunKind
 
 DEFAULT_OBJECTIVES: tuple[Objective, ...] = (
     ("capacity_rps_per_accel", "max"),
@@ -157,7 +157,7 @@ def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> Sea
 
     Raises TrackingError when the experiment, a parent run, or its trials are missing.
     """
-    from tuner.tracking import PARENT_TAG, experiment_id
+    from tuner.tracking import experiment_id
 
     found = client.get_experiment_by_name(experiment)
     if found is None or found.lifecycle_stage == "deleted":
@@ -270,8 +270,8 @@ def _trial_row(client: Any, run: Any, with_steps: bool) -> TrialRow:
     return TrialRow(
         trial_id=tags.get("trial_id") or run.info.run_name or run.info.run_id,
         run_id=run.info.run_id,
-        status=tags.get("trial_status", "unknown"),
-        status_reason=tags.get("status_reason", ""),
+        status=tags.get(STATUS_TAG, "unknown"),
+        status_reason=tags.get(STATUS_REASON_TAG, ""),
         params={k: coerce_param(v) for k, v in run.data.params.items()},
         metrics=metrics,
         steps=steps,

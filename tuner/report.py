@@ -658,7 +658,7 @@ def comparison_table(summaries: Sequence[Summary]) -> tuple[list[str], list[list
                 f"{Path(str(workload)).name} {sha}".strip(),
                 record.slo,
                 record.device,
-                f"{s.counts['completed']}/{s.counts['early_stopped']}/{s.counts['infeasible']}",
+                "/".join(str(s.counts[status]) for status in FINAL_STATUSES),
                 winner.trial_id if winner else "-",
                 _fmt(winner.capacity) if winner else "-",
                 _fmt(winner.metrics.get("ref_ttft_p95_s")) if winner else "-",

@@ -222,8 +222,9 @@ def _vllm_version() -> str:
 
 
 def _check_model_path(model_path: str) -> str:
-    """A local model directory (it must hold config.json) or a Hugging Face id (`org/name`, not a local
-    path); ConfigError naming model.path otherwise."""
+    """A local model directory (it must hold config.json) or a Hugging Face id (`org/name` or `name`, not a
+    local path) that is in the local Hugging Face cache or that the Hub answers for; ConfigError naming
+    model.path otherwise."""
     local = Path(model_path).expanduser()
     if local.exists():
         if not local.is_dir():
@@ -231,13 +232,47 @@ def _check_model_path(model_path: str) -> str:
         if not (local / "config.json").is_file():
             raise ConfigError(f"model.path: {model_path} is not a model directory (it has no config.json)")
         return model_path
-    if model_path.startswith((".", "/", "~")) or os.sep in model_path and not _looks_like_hub_id(model_path):
+    if not _looks_like_hub_id(model_path):
         raise ConfigError(f"model.path: {model_path} does not exist")
+    why = _hub_id_unreachable(model_path)
+    if why:
+        raise ConfigError(
+            f"model.path: {model_path}: no such local directory (a relative path is taken from the config's "
+            f"folder or the working directory), and not a Hugging Face id that can be reached ({why})"
+        )
     return model_path
 
 
 def _looks_like_hub_id(text: str) -> bool:
-    return text.count("/") == 1 and not text.startswith((".", "/", "~"))
+    """`org/name`, or a bare `name` (the Hub's oldest models, e.g. gpt2)."""
+    return text.count("/") <= 1 and not text.startswith((".", "/", "~"))
+
+
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def _hub_id_unreachable(repo_id: str) -> str | None:
+    """Why vLLM could not load Hugging Face model `repo_id` (None if it can): asked of the local cache first,
+    then of the Hub in one request with a short timeout (vLLM's own attempts take a minute to fail offline)."""
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+            return None
+    except HFValidationError as error:
+        return f"not a valid id: {error}"
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+    try:
+        model_info(repo_id, timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError:
+        return None  # it exists; vLLM needs a token with access, and says so itself
+    except RepositoryNotFoundError:
+        return f"{constants.ENDPOINT} has no model of that id, or it is private and no token gives access"
+    except Exception as error:  # any failure to get an answer (DNS, refused, timeout, 5xx) is "cannot reach"
+        return f"{constants.ENDPOINT} did not answer: {type(error).__name__}: {error}"
+    return None
 
 
 def _vocab_size(model_path: str) -> int:

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tuner.errors import ConfigError
+
 TINY_MODEL_NAME = "tiny-llama-v1"
 VOCAB_SIZE = 4096
 MAX_MODEL_LEN = 4096
@@ -49,12 +51,29 @@ def cache_root() -> Path:
 def ensure_tiny_model(root: Path | None = None) -> Path:
     """Return the directory of the tiny model, building it first if it is not cached yet.
 
-    Safe to call from several processes at once: one builds, the others wait and reuse it.
+    Safe to call from several processes at once: one builds, the others wait and reuse it. Raises
+    ConfigError (one line) when it cannot be built: a library it needs is missing, or the cache is not
+    writable.
     """
     models = (root or cache_root()) / "models"
     target = models / TINY_MODEL_NAME
     if (target / "config.json").exists():
         return target
+    what = "model.path: not set, and the default tiny model"
+    try:
+        _build_once(models, target)
+    except ImportError as error:
+        missing = error.name or "the missing package"
+        raise ConfigError(f"{what} cannot be built: {error} (install {missing}, or set model.path)") from error
+    except OSError as error:
+        raise ConfigError(
+            f"{what} cannot be written: {error.filename or models}: {error.strerror or error} "
+            "(set $VLLM_TUNER_CACHE to a writable folder, or set model.path)"
+        ) from error
+    return target
+
+
+def _build_once(models: Path, target: Path) -> None:
     models.mkdir(parents=True, exist_ok=True)
     with open(models / f".{TINY_MODEL_NAME}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -65,7 +84,6 @@ def ensure_tiny_model(root: Path | None = None) -> Path:
                 staging.rename(target)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _corpus() -> list[str]:

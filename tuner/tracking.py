@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TrackingError
-from tuner.recorded import TrialRow
-from tuner.vocabulary import FINAL_STATUSES, PARENT_TAG, RUN_KIND_TAG, RunKind, TrialStatus
+from tuner.recorded import TrialRow, scrub_uri
+from tuner.vocabulary import (
+    FINAL_STATUSES,
+    PARENT_TAG,
+    RUN_KIND_TAG,
+    STATUS_REASON_TAG,
+    STATUS_TAG,
+    RunKind,
+    TrialStatus,
+)
 
 # How MLflow's SQL stores write an infinite value (they cannot hold inf); the SLO's statistics are +inf
 # when failed requests decide them, and must read back as larger than any bound.
@@ -51,22 +59,69 @@ _TRACKING_SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http
 
 
 def check_tracking_uri(uri: str) -> None:
-    """Raise TrackingError (one line, naming --tracking-uri) for a URI MLflow cannot track to, and create a
-    SQLite database's folder, failing the same way when it cannot."""
+    """Raise TrackingError (one line, naming --tracking-uri) for a URI MLflow cannot track to: an unknown
+    scheme, an http(s) server that does not answer as MLflow's does, or a SQLite file that is not a
+    database. A SQLite database's folder is created (nothing else is written), failing the same way when
+    it cannot be."""
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    shown = scrub_uri(uri)
     if scheme not in _TRACKING_SCHEMES:
         raise TrackingError(
-            f"--tracking-uri {uri}: MLflow cannot track to a {scheme!r} URI (use sqlite:///FILE, "
+            f"--tracking-uri {shown}: MLflow cannot track to a {scheme!r} URI (use sqlite:///FILE, "
             "http(s)://HOST:PORT, file:///DIR, postgresql://, mysql:// or mssql://)"
         )
     if scheme == "sqlite":
-        folder = Path(uri.removeprefix("sqlite:///")).parent
+        database = Path(uri.removeprefix("sqlite:///"))
+        folder = database.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise TrackingError(f"--tracking-uri {uri}: cannot create {folder}: {error.strerror}") from None
+            raise TrackingError(f"--tracking-uri {shown}: cannot create {folder}: {error.strerror}") from None
         if not os.access(folder, os.W_OK):
-            raise TrackingError(f"--tracking-uri {uri}: {folder} is not writable")
+            raise TrackingError(f"--tracking-uri {shown}: {folder} is not writable")
+        if database.exists():
+            _check_sqlite(shown, database)
+    elif scheme in ("http", "https"):
+        _check_server(shown)
+
+
+# How long the tracking server may take to answer the check (MLflow's own client retries for minutes).
+SERVER_PROBE_TIMEOUT_S = 5.0
+
+
+def _check_server(uri: str) -> None:
+    """TrackingError unless an MLflow tracking server answers at `uri` (its /health route; an answer that
+    asks for credentials counts: the MLflow client sends those)."""
+    import urllib.error
+    import urllib.request
+
+    url = f"{uri.rstrip('/')}/health"
+    try:
+        urllib.request.urlopen(url, timeout=SERVER_PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError as error:
+        error.close()
+        if error.code not in (401, 403):
+            raise TrackingError(
+                f"--tracking-uri {uri}: the server there does not answer as MLflow's does (HTTP {error.code} for {url})"
+            ) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        why = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+        raise TrackingError(f"--tracking-uri {uri}: no MLflow tracking server answers there ({why})") from None
+
+
+def _check_sqlite(uri: str, database: Path) -> None:
+    """TrackingError unless `database` is a file SQLite can read (it writes nothing)."""
+    import sqlite3
+    from contextlib import closing
+
+    if not database.is_file():
+        raise TrackingError(f"--tracking-uri {uri}: {database} is not a database file")
+    try:
+        with closing(sqlite3.connect(database)) as connection:
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as error:
+        raise TrackingError(f"--tracking-uri {uri}: {database} is not an SQLite database ({error})") from None
 
 
 def client_for(uri: str):
@@ -85,7 +140,7 @@ def experiment_id(client, name: str, *, create: bool) -> str:
             client.restore_experiment(found.experiment_id)
         return found.experiment_id
     if not create:
-        raise TrackingError(f"no MLflow experiment named {name!r} in {client.tracking_uri}")
+        raise TrackingError(f"no MLflow experiment named {name!r} in {scrub_uri(client.tracking_uri)}")
     artifacts = None
     if str(client.tracking_uri).startswith("sqlite:///"):
         # Beside the database, not in ./mlruns of whatever folder the command ran in.
@@ -211,29 +266,29 @@ class TrialTracker:
         for run in runs:
             if run.data.tags.get(RUN_KIND_TAG) == RunKind.CONFIRM.value:
                 if run.info.status == "RUNNING":  # a confirmation the stopped driver left open
-                    self.client.set_tag(run.info.run_id, "trial_status", TrialStatus.EARLY_STOPPED.value)
-                    self.client.set_tag(run.info.run_id, "status_reason", reason)
+                    self.client.set_tag(run.info.run_id, STATUS_TAG, TrialStatus.EARLY_STOPPED.value)
+                    self.client.set_tag(run.info.run_id, STATUS_REASON_TAG, reason)
                     self.client.set_terminated(run.info.run_id, "KILLED")
                 continue
             trial_id = run.data.tags.get("trial_id")
             if not trial_id:
                 continue
-            status = run.data.tags.get("trial_status", TrialStatus.RUNNING.value)
+            status = run.data.tags.get(STATUS_TAG, TrialStatus.RUNNING.value)
             outcome = LiveTrial(
                 trial_id,
                 run.info.run_id,
                 dict(run.data.params),
                 metrics=dict(run.data.metrics),
                 status=status,
-                reason=run.data.tags.get("status_reason", ""),
+                reason=run.data.tags.get(STATUS_REASON_TAG, ""),
                 steps=int(run.data.metrics.get("load_step", 0)),
                 closed=True,
             )
             if status not in FINAL_STATUSES or run.info.status == "RUNNING":
                 interrupted += 1
                 outcome.status, outcome.reason = TrialStatus.EARLY_STOPPED, reason
-                self.client.set_tag(run.info.run_id, "trial_status", outcome.status)
-                self.client.set_tag(run.info.run_id, "status_reason", reason)
+                self.client.set_tag(run.info.run_id, STATUS_TAG, outcome.status)
+                self.client.set_tag(run.info.run_id, STATUS_REASON_TAG, reason)
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.outcomes[trial_id] = outcome
         return len(self.outcomes), interrupted
@@ -248,7 +303,7 @@ class TrialTracker:
                 PARENT_TAG: self.parent_run_id,
                 "trial_id": trial_id,
                 RUN_KIND_TAG: RunKind.TRIAL.value,
-                "trial_status": TrialStatus.RUNNING.value,
+                STATUS_TAG: TrialStatus.RUNNING.value,
             },
         )
         for key, value in params.items():
@@ -270,8 +325,8 @@ class TrialTracker:
         now = int(time.time() * 1000)
         self.client.log_batch(outcome.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
         outcome.metrics, outcome.steps = metrics, step
-        outcome.status = TrialStatus(str(result.get("trial_status", TrialStatus.RUNNING)))
-        outcome.reason = str(result.get("status_reason", ""))
+        outcome.status = TrialStatus(str(result.get(STATUS_TAG, TrialStatus.RUNNING)))
+        outcome.reason = str(result.get(STATUS_REASON_TAG, ""))
         if outcome.status == TrialStatus.INFEASIBLE:
             self.say(f"  {trial_id} infeasible: {outcome.reason}")
             return
@@ -320,8 +375,8 @@ class TrialTracker:
     def _close(self, outcome: LiveTrial) -> None:
         run_id = outcome.run_id
         status = TrialStatus(outcome.status)
-        self.client.set_tag(run_id, "trial_status", status.value)
-        self.client.set_tag(run_id, "status_reason", outcome.reason[:5000])
+        self.client.set_tag(run_id, STATUS_TAG, status.value)
+        self.client.set_tag(run_id, STATUS_REASON_TAG, outcome.reason[:5000])
         self.client.set_terminated(run_id, "FINISHED" if status != TrialStatus.INFEASIBLE else "FAILED")
         outcome.closed = True
         self.say(
@@ -431,7 +486,7 @@ def open_confirm_run(client, experiment: str, parent: str, trial_id: str, round_
             RUN_KIND_TAG: RunKind.CONFIRM.value,
             "confirms_trial": trial_id,
             "confirm_round": str(round_),
-            "trial_status": TrialStatus.RUNNING.value,
+            STATUS_TAG: TrialStatus.RUNNING.value,
         },
     )
     for key, value in params.items():
@@ -446,8 +501,8 @@ def close_confirm_run(client, run_id: str, result: dict[str, Any] | None, status
     if result is not None:
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in measurable(result).items()])
-    client.set_tag(run_id, "trial_status", status.value)
-    client.set_tag(run_id, "status_reason", reason[:5000])
+    client.set_tag(run_id, STATUS_TAG, status.value)
+    client.set_tag(run_id, STATUS_REASON_TAG, reason[:5000])
     client.set_terminated(run_id, "FAILED" if status == TrialStatus.INFEASIBLE else "FINISHED")
 
 

@@ -42,6 +42,9 @@ class RunKind(str, Enum):
 
 RUN_KIND_TAG = "run_kind"
 PARENT_TAG = "mlflow.parentRunId"
+# A trial's status and the reason for it: keys of every result the trial reports, and tags of its run.
+STATUS_TAG = "trial_status"
+STATUS_REASON_TAG = "status_reason"
 
 
 def latency_name(metric: str, stat: str) -> str:

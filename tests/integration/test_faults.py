@@ -87,9 +87,8 @@ def test_a_real_fault_is_detected_in_time_and_loses_no_request(ray_local, kind):
     assert 0 < faulty[0].detection_s <= bound + 0.5, (faulty[0].detection_s, bound)
     assert result["replica_failures"] >= 1 and result["detection_s"] == pytest.approx(faulty[0].detection_s)
     assert result["retried_requests"] >= 1, "requests caught on the faulty replica were retried"
-    assert result["lost_requests"] == 0
     assert result["failed_requests"] == 0, f"retries on the healthy replica complete every request: {result['_errors']}"
-    # The accounting behind lost_requests == 0: every planned request has exactly one record, which
+    # No request is lost (lost_requests is 0 by construction): every planned request has exactly one record, which
     # completed; those caught on the faulty replica completed on a retry.
     records, plan = result["_records"], result["_plan"]
     assert sorted(r.index for r in records) == sorted(p.index for p in plan)
@@ -109,7 +108,8 @@ def test_a_too_tight_timeout_under_load_raises_false_alarms_that_cost_capacity(r
     tight = _run_trial(context, {"heartbeat_period_s": 0.05, "heartbeat_timeout_s": 0.002, "failure_threshold": 1})
     loose = _run_trial(context, {"heartbeat_period_s": 1.0, "heartbeat_timeout_s": 10.0, "failure_threshold": 3})
     assert tight["false_alarms"] >= 1 and loose["false_alarms"] == 0
-    assert tight["lost_requests"] == 0 and loose["lost_requests"] == 0
+    for result in (tight, loose):  # a replica declared dead by mistake loses no request either
+        assert sorted(r.index for r in result["_records"]) == sorted(p.index for p in result["_plan"])
     # Killing healthy replicas costs the search: worse SLO headroom and goodput at the same load.
     assert tight["slo_headroom"] < loose["slo_headroom"]
     assert tight["goodput_rps"] <= loose["goodput_rps"]

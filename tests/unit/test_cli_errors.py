@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from click.testing import CliRunner
 
 from tuner.cli import main
+from tuner.errors import ConfigError
 
 SPACE_OK = "parameters:\n  max_num_seqs: {type: int, low: 2, high: 8}\n"
 
@@ -157,6 +160,15 @@ def test_a_model_directory_without_config_json_is_named_before_any_engine_starts
             "sqlite:////proc/no-such-dir/mlflow.db",
             "--tracking-uri sqlite:////proc/no-such-dir/mlflow.db: cannot create",
         ),
+        (
+            "http://127.0.0.1:1",
+            "--tracking-uri http://127.0.0.1:1: no MLflow tracking server answers there (Connection refused)",
+        ),
+        (
+            "sqlite:///TMP/garbage.db",
+            "--tracking-uri sqlite:///TMP/garbage.db: TMP/garbage.db is not an SQLite database "
+            "(file is not a database)",
+        ),
     ],
 )
 @pytest.mark.parametrize(
@@ -168,6 +180,8 @@ def test_a_model_directory_without_config_json_is_named_before_any_engine_starts
     ],
 )
 def test_an_unusable_tracking_uri_is_one_line(tmp_path, uri, expected, command):
+    (tmp_path / "garbage.db").write_text("not a database: text long enough to fill SQLite's 100-byte header " * 3)
+    uri, expected = uri.replace("TMP", str(tmp_path)), expected.replace("TMP", str(tmp_path))
     args = [str(tmp_path / "out") if a == "OUT" else a for a in command]
     result = CliRunner().invoke(main, [*args, "--tracking-uri", uri])
     assert result.exit_code == 2, result.output
@@ -195,3 +209,61 @@ def test_an_address_where_no_ray_cluster_listens_is_one_line(invoke):
         port = probe.getsockname()[1]
     line = invoke("--address", f"127.0.0.1:{port}", "--dry-run")
     assert line == f"error: --address 127.0.0.1:{port}: no Ray cluster answers there (Connection refused)"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["search", "--config", "DIR"], "error: Invalid value for '--config': File 'DIR' is a directory."),
+        (
+            ["record", "--upstream", "http://x", "--out", "DIR"],
+            "error: Invalid value for '--out': File 'DIR' is a directory.",
+        ),
+        (["report", "--experiment"], "error: Option '--experiment' requires an argument."),
+        (["export", "--no-such-flag"], "error: No such option '--no-such-flag'."),
+        (["no-such-command"], "error: No such command 'no-such-command'."),
+        (["--no-such-flag", "search"], "error: No such option '--no-such-flag'."),
+    ],
+)
+def test_a_bad_command_line_is_one_line_not_clicks_usage_text(tmp_path, args, expected):
+    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    result = CliRunner().invoke(main, args)
+    assert (result.exit_code, result.output) == (2, expected.replace("DIR", str(tmp_path)) + "\n")
+
+
+def test_debug_and_help_still_show_clicks_text():
+    debug = CliRunner().invoke(main, ["--debug", "export", "--no-such-flag"])
+    assert debug.exit_code == 2 and "Usage:" in debug.output and "No such option '--no-such-flag'." in debug.output
+    bare = CliRunner().invoke(main, ["workload"])
+    assert "Usage:" in bare.output and "inspect" in bare.output and "error:" not in bare.output
+
+
+def test_a_relative_model_path_that_is_neither_here_nor_on_the_hub_is_one_line_at_once(invoke, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no models/ folder here, and none beside the config
+    began = time.monotonic()
+    line = invoke("--model", "models/no-such-model-of-vllm-tuner", "--dry-run")
+    assert line.startswith(
+        "error: model.path: models/no-such-model-of-vllm-tuner: no such local directory (a relative path is "
+        "taken from the config's folder or the working directory), and not a Hugging Face id that can be reached ("
+    )
+    # Offline: "https://huggingface.co did not answer: ConnectError: ..."; online: "... has no model of that id".
+    assert "did not answer: " in line or "has no model of that id" in line
+    assert time.monotonic() - began < 30, "not vLLM's minute of retries"
+
+
+def test_a_hub_id_in_the_local_cache_is_a_model_even_offline(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from tuner.search import _check_model_path
+
+    snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "models--org--cached" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    assert _check_model_path("org/cached") == "org/cached"
+    with pytest.raises(ConfigError, match=r"model.path: org/other: no such local directory .*\(HF_HUB_OFFLINE is set"):
+        _check_model_path("org/other")

@@ -14,6 +14,7 @@ from trainables.trial import Fault, TrialContext, TrialRunner, engine_spec, kv_c
 from tuner.capacity import CapacityPlan
 from tuner.errors import EngineError
 from tuner.sampling import sample_step
+from tuner.vocabulary import HEALTH_METRICS, REPORTED_METRICS, STATUS_REASON_TAG, STATUS_TAG, TRIAL_METRICS
 from tuner.workload.records import Request, Workload
 
 WORKLOAD = Workload(
@@ -157,6 +158,32 @@ def test_an_engine_that_will_not_start_is_an_infeasible_trial_with_finite_penalt
     assert "KV cache too small" in result["status_reason"]
     for key in ("capacity_rps_per_accel", "ref_ttft_p95_s", "slo_headroom", "load_step"):
         assert math.isfinite(result[key])
+
+
+# What a trial's result carries besides metrics: its status and why, whether it is done, the capacity
+# search's phase, and where the replicas ran.
+BOOKKEEPING = {STATUS_TAG, STATUS_REASON_TAG, "done", "phase", "replica_nodes"}
+
+
+def test_a_trial_reports_only_vocabulary_metrics_and_ends_with_every_trial_and_health_metric():
+    engines = [StandInEngine(tokens_per_s=600, max_batch=4)]
+    results = _run_all(TrialRunner(_context(reference_rps=40.0), {"max_num_seqs": 4}, _factory(engines)))
+    for result in results:
+        assert set(result) - BOOKKEEPING - REPORTED_METRICS == set(), "not in tuner.vocabulary's tables"
+    assert results[-1][STATUS_TAG] == "completed"
+    assert set(TRIAL_METRICS) | set(HEALTH_METRICS) <= set(results[-1])
+
+
+def test_an_infeasible_result_has_every_trial_metric_but_the_bracket_top_and_only_vocabulary_metrics():
+    async def failing(spec, replicas, health):
+        raise EngineError("vLLM engine failed to start: ValueError: KV cache too small")
+
+    (result,) = _run_all(TrialRunner(_context(), {}, failing))
+    assert set(result) - BOOKKEEPING - REPORTED_METRICS == set(), "not in tuner.vocabulary's tables"
+    assert set(TRIAL_METRICS) - set(result) == {"capacity_hi_rps_per_accel"}
+    assert set(HEALTH_METRICS) <= set(result)
+    assert [result[k] for k in TRIAL_METRICS if k.startswith("ref_")] == [30.0] * 3, "the penalty"
+    assert result["capacity_rps_per_accel"] == 0.0 and result[STATUS_TAG] == "infeasible"
 
 
 def test_engine_spec_maps_memory_fraction_onto_kv_bytes_on_cpu():

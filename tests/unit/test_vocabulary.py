@@ -8,7 +8,10 @@ import json
 import re
 from pathlib import Path
 
-from tuner.vocabulary import REPORTED_METRICS, RunKind, TrialStatus
+from tuner import report
+from tuner.export import BEST_JSON_STEP_METRICS
+from tuner.verdict import REFERENCE_LATENCIES
+from tuner.vocabulary import REPORTED_METRICS, STEP_METRICS, TRIAL_METRICS, RunKind, TrialStatus
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "measurement.md"
 
@@ -41,3 +44,9 @@ def test_statuses_and_run_kinds_are_plain_strings_where_they_are_stored():
     assert json.dumps({"status": TrialStatus.INFEASIBLE}) == '{"status": "infeasible"}'
     assert f"tags.run_kind = '{RunKind.SEARCH}'" == "tags.run_kind = 'search'"
     assert TrialStatus("completed") is TrialStatus.COMPLETED
+
+
+def test_metric_names_listed_outside_the_tables_are_names_from_them():
+    assert set(BEST_JSON_STEP_METRICS) - set(STEP_METRICS) == set(), "best.json step keys"
+    assert set(report._LABELS) - REPORTED_METRICS == set(), "report axis labels"
+    assert set(REFERENCE_LATENCIES) - set(TRIAL_METRICS) == set(), "the verdict's reference latencies"

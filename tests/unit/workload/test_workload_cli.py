@@ -214,3 +214,16 @@ def test_debug_shows_the_traceback_for_workload_commands_too(tmp_path):
     assert plain.exit_code == 2 and plain.output.strip().startswith("error: ") and "Traceback" not in plain.output
     debug = CliRunner().invoke(main, ["--debug", "workload", "inspect", str(missing)])
     assert isinstance(debug.exception, WorkloadError), "with --debug the error is raised, not turned into one line"
+
+
+def test_a_directory_where_a_file_belongs_is_one_line(traces: Path, tmp_path: Path) -> None:
+    for args, flag in (
+        (["inspect", tmp_path], "'FILE'"),
+        (["convert", tmp_path, "--out", tmp_path / "o.jsonl"], "'FILE'"),
+        (["convert", traces / MOONCAKE, "--out", tmp_path], "'--out'"),
+        (["synth", "--from", tmp_path, "--rate", "1", "--count", "3", "--out", tmp_path / "o.jsonl"], "'--from'"),
+    ):
+        result = run(*args)
+        assert result.output == f"error: Invalid value for {flag}: File '{tmp_path}' is a directory.\n", args  # type: ignore[attr-defined]
+        assert result.exit_code == 2  # type: ignore[attr-defined]
+    assert list(tmp_path.iterdir()) == []
