@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 
 import numpy as np
@@ -116,6 +117,10 @@ def test_the_bracket_contains_a_noisy_jump(seed):
     """End to end through replay and summaries: a stand-in whose latency jumps at a known rate, with
     step-to-step noise; the bracket, widened by that noise, contains the jump (the planner's own test
     shows >= 90% over 500 seeds; this shows the trial wires it up)."""
+    # The stand-in's latency and the replay's timing are wall-clock: a garbage collection over the heap
+    # earlier tests left (seconds late in a full run) would stall the event loop mid-step.
+    gc.collect()
+    gc.freeze()
     rng = np.random.default_rng(seed)
     jump = float(rng.uniform(130, 600))
     noise = 0.03
