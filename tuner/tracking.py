@@ -60,9 +60,10 @@ _TRACKING_SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http
 
 def check_tracking_uri(uri: str) -> None:
     """Raise TrackingError (one line, naming --tracking-uri) for a URI MLflow cannot track to: an unknown
-    scheme, an http(s) server that does not answer as MLflow's does, or a SQLite file that is not a
-    database. A SQLite database's folder is created (nothing else is written), failing the same way when
-    it cannot be."""
+    scheme, an http(s) server that does not answer as MLflow's does, a SQLite file that is not a
+    database, or a database URI whose driver is not installed or whose server does not accept a
+    connection. A SQLite database's folder is created (nothing else is written), failing the same way
+    when it cannot be."""
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
     shown = scrub_uri(uri)
     if scheme not in _TRACKING_SCHEMES:
@@ -83,6 +84,8 @@ def check_tracking_uri(uri: str) -> None:
             _check_sqlite(shown, database)
     elif scheme in ("http", "https"):
         _check_server(shown)
+    elif scheme in ("postgresql", "mysql", "mssql"):
+        _check_database(uri, shown)
 
 
 # How long the tracking server may take to answer the check (MLflow's own client retries for minutes).
@@ -108,6 +111,41 @@ def _check_server(uri: str) -> None:
         reason = getattr(error, "reason", error)
         why = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
         raise TrackingError(f"--tracking-uri {uri}: no MLflow tracking server answers there ({why})") from None
+
+
+def _check_database(uri: str, shown: str) -> None:
+    """TrackingError unless SQLAlchemy (MLflow's database layer) reads `uri`, its driver is installed, and
+    its host accepts a TCP connection. No login is tried: MLflow does that, and says why it fails."""
+    import socket
+
+    from sqlalchemy.engine.url import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(uri)
+        dialect = url.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError):  # their messages may quote the password
+        raise TrackingError(f"--tracking-uri {shown}: not a database URI SQLAlchemy can read") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as error:
+        raise TrackingError(
+            f"--tracking-uri {shown}: its database driver {dialect.driver!r} is not installed ({error}); "
+            "install it into this environment"
+        ) from None
+    if not url.host:  # a local socket: nothing to probe without logging in
+        return
+    port = url.port or _DATABASE_PORTS.get(url.get_backend_name())
+    try:
+        socket.create_connection((url.host, port), timeout=SERVER_PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        why = error.strerror or type(error).__name__
+        where = f"{url.host}:{port}"
+        raise TrackingError(f"--tracking-uri {shown}: no database server answers at {where} ({why})") from None
+
+
+# Where a database server listens when its URI names no port.
+_DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
 def _check_sqlite(uri: str, database: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 
 import pytest
 from click.testing import CliRunner
@@ -165,6 +167,10 @@ def test_a_model_directory_without_config_json_is_named_before_any_engine_starts
             "--tracking-uri http://127.0.0.1:1: no MLflow tracking server answers there (Connection refused)",
         ),
         (
+            "postgresql://user:secret@127.0.0.1:1/mlflow",
+            "--tracking-uri postgresql://127.0.0.1:1/mlflow: its database driver 'psycopg' is not installed",
+        ),
+        (
             "sqlite:///TMP/garbage.db",
             "--tracking-uri sqlite:///TMP/garbage.db: TMP/garbage.db is not an SQLite database "
             "(file is not a database)",
@@ -188,6 +194,18 @@ def test_an_unusable_tracking_uri_is_one_line(tmp_path, uri, expected, command):
     errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {expected}"), result.output
     assert "Traceback" not in result.output
+
+
+def test_a_database_tracking_uri_with_no_server_is_one_line(tmp_path, monkeypatch):
+    # The driver is there (a stand-in module: SQLAlchemy only imports it), the server is not.
+    monkeypatch.setitem(sys.modules, "psycopg", types.ModuleType("psycopg"))
+    result = CliRunner().invoke(main, ["search", "--dry-run", "--tracking-uri", "postgresql://u:pw@127.0.0.1:1/db"])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: --tracking-uri postgresql://127.0.0.1:1/db: no database server answers at 127.0.0.1:1 "
+        "(Connection refused)"
+    ], result.output
 
 
 @pytest.mark.parametrize("command", ["export", "report"])
