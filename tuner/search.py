@@ -430,7 +430,7 @@ def dry_run_summary(prepared: PreparedSearch) -> list[str]:
         f"{config.budget.num_samples} trials (a trial {cost.typical_s:.0f}s when its capacity is near "
         f"{cost.typical_factor:g}x, at most {cost.worst_s:.0f}s)"
         + (
-            f"; the search stops after {config.budget.time_budget_s / 60:.0f} min"
+            f"; the search stops after {config.budget.time_budget_s / 60:.3g} min"
             if config.budget.time_budget_s
             else ""
         ),

@@ -129,7 +129,7 @@ def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
     )
     assert "estimated engine time: about" in out and "when its capacity is near 4x" in out
     assert "confirmation: the best 1 config(s) and the baseline re-measured in 3 interleaved rounds" in out
-    assert "of the 14.0 min budget, the search gets" in out
+    assert "of the 11.5 min budget, the search gets" in out
     assert not (tmp_path / "m.db").exists()
     off = CliRunner().invoke(
         main, ["search", "--dry-run", "--no-confirm", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
