@@ -63,9 +63,7 @@ def claim_cores(count: int, lock_dir: Path = _CORE_LOCK_DIR) -> tuple[list[int],
     cores, handles = [], []
     for core in sorted(os.sched_getaffinity(0)):
         handle = open(lock_dir / f"core-{core}.lock", "w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_lock(handle):
             handle.close()
             continue
         cores.append(core)
@@ -75,6 +73,19 @@ def claim_cores(count: int, lock_dir: Path = _CORE_LOCK_DIR) -> tuple[list[int],
     for handle in handles:
         handle.close()
     raise EngineError(f"no {count} free CPU core(s) to bind the engine to (all claimed by other replicas)")
+
+
+def _try_lock(handle: Any, tries: int = 4) -> bool:
+    """Take the lock if no replica holds it. A held lock is tried again a few times, 20 ms apart: another
+    replica's `claimed_cores` holds a free core's lock for an instant."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt < tries - 1:
+                time.sleep(0.02)
+    return False
 
 
 def engine_cpu_env(cores: list[int]) -> dict[str, str]:
@@ -89,24 +100,31 @@ def claimed_cores(candidates: AbstractSet[int] | None = None, lock_dir: Path = _
     claimed = set()
     for core in sorted(os.sched_getaffinity(0) if candidates is None else candidates):
         path = lock_dir / f"core-{core}.lock"
-        if not path.exists():
+        try:
+            descriptor = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # never claimed
+        except OSError:  # unreadable: count it as taken rather than move onto it
+            claimed.add(core)
             continue
-        with open(path, "a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                claimed.add(core)
-            else:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            claimed.add(core)
+        else:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+        finally:
+            os.close(descriptor)
     return claimed
 
 
 def other_cores(cores: list[int], allowed: set[int] | None = None, claimed: AbstractSet[int] = frozenset()) -> set[int]:
     """Where a replica's frontend (API server, detokenizer) works: `allowed` (this thread's cores by
-    default) except `cores` and the cores other replicas' engines claimed; `cores` themselves when nothing
-    else is left. Never another engine's cores: two replicas on two cores, each frontend moved onto the
-    other's engine, left one replica's first tokens 10 s late at 2.7 requests/s each (the other took the
-    traffic), where each frontend beside its own engine served both in 0.06 s (TTFT p95)."""
+    default) except `cores` and the cores other replicas' engines had claimed when it was placed (once, at
+    start); `cores` themselves when nothing else is left. Not onto another engine's cores: two replicas
+    on two cores, each frontend moved onto the other's engine, left one replica's first tokens 10 s late
+    at 2.7 requests/s each (the other took the traffic), where each frontend beside its own engine served
+    both in 0.06 s (TTFT p95)."""
     allowed = (os.sched_getaffinity(0) if allowed is None else allowed) | set(cores)
     return (allowed - set(cores) - set(claimed)) or set(cores)
 

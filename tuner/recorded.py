@@ -148,8 +148,15 @@ def coerce_param(text: Any) -> Any:
 
 
 def scrub_uri(uri: str) -> str:
-    """A tracking URI without any user:password part."""
-    return re.sub(r"//[^/@]*@", "//", uri)
+    """A tracking URI without any user:password part (up to the last @ before the query: a password may
+    hold an unescaped / or @) and with the value of a `password` query key masked."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme.split("+", 1)[0].lower() in ("file", "sqlite"):
+        return uri  # no credentials there; a path may hold an @
+    head, mark, query = rest.partition("?")
+    head = head.rsplit("@", 1)[-1]
+    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", query)
+    return f"{scheme}://{head}{mark}{query}"
 
 
 def load_search(client: Any, experiment: str, *, with_steps: bool = True) -> SearchRecord:

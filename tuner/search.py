@@ -430,7 +430,7 @@ def dry_run_summary(prepared: PreparedSearch) -> list[str]:
         f"{config.budget.num_samples} trials (a trial {cost.typical_s:.0f}s when its capacity is near "
         f"{cost.typical_factor:g}x, at most {cost.worst_s:.0f}s)"
         + (
-            f"; the search stops after {config.budget.time_budget_s / 60:.3g} min"
+            f"; the search stops after {round(config.budget.time_budget_s / 60, 1):g} min"
             if config.budget.time_budget_s
             else ""
         ),
@@ -453,7 +453,7 @@ def confirm_line(prepared: PreparedSearch) -> str:
     )
     if config.budget.time_budget_s:
         line += (
-            f"; of the {config.budget.time_budget_s / 60:.1f} min budget, the search gets "
+            f"; of the {round(config.budget.time_budget_s / 60, 1):g} min budget, the search gets "
             f"{search_budget_s(prepared) / 60:.1f} min and the confirmation the rest"
         )
     return line

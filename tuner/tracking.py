@@ -114,8 +114,9 @@ def _check_server(uri: str) -> None:
 
 
 def _check_database(uri: str, shown: str) -> None:
-    """TrackingError unless SQLAlchemy (MLflow's database layer) reads `uri`, its driver is installed, and
-    its host accepts a TCP connection. No login is tried: MLflow does that, and says why it fails."""
+    """TrackingError unless SQLAlchemy (MLflow's database layer) reads `uri` and its driver is installed,
+    and, where the URI names a TCP host, the host accepts a connection. No login is tried: MLflow does
+    that, and says why it fails."""
     import socket
 
     from sqlalchemy.engine.url import make_url
@@ -129,19 +130,34 @@ def _check_database(uri: str, shown: str) -> None:
     try:
         dialect.import_dbapi()
     except ImportError as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise TrackingError(
-            f"--tracking-uri {shown}: its database driver {dialect.driver!r} is not installed ({error}); "
+            f"--tracking-uri {shown}: its database driver {dialect.driver!r} cannot be imported ({reason}); "
             "install it into this environment"
         ) from None
-    if not url.host:  # a local socket: nothing to probe without logging in
+    if not _tcp_host(url):
         return
     port = url.port or _DATABASE_PORTS.get(url.get_backend_name())
     try:
         socket.create_connection((url.host, port), timeout=SERVER_PROBE_TIMEOUT_S).close()
     except OSError as error:
-        why = error.strerror or type(error).__name__
+        why = error.strerror or ("no answer" if isinstance(error, TimeoutError) else type(error).__name__)
         where = f"{url.host}:{port}"
-        raise TrackingError(f"--tracking-uri {shown}: no database server answers at {where} ({why})") from None
+        raise TrackingError(
+            f"--tracking-uri {shown}: no database server accepts a connection at {where} ({why})"
+        ) from None
+
+
+def _tcp_host(url: Any) -> bool:
+    """Whether the database URI reaches its server over TCP at its host: not a local socket (no host, a
+    `unix_socket` or `host` query key, MySQL's `localhost`) and not an ODBC data source name (mssql
+    without a port)."""
+    if not url.host or {"unix_socket", "host", "odbc_connect"} & set(url.query):
+        return False
+    backend = url.get_backend_name()
+    if backend == "mysql" and url.host == "localhost":
+        return False
+    return not (backend == "mssql" and url.port is None)
 
 
 # Where a database server listens when its URI names no port.

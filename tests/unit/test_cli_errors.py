@@ -167,10 +167,6 @@ def test_a_model_directory_without_config_json_is_named_before_any_engine_starts
             "--tracking-uri http://127.0.0.1:1: no MLflow tracking server answers there (Connection refused)",
         ),
         (
-            "postgresql://user:secret@127.0.0.1:1/mlflow",
-            "--tracking-uri postgresql://127.0.0.1:1/mlflow: its database driver 'psycopg' is not installed",
-        ),
-        (
             "sqlite:///TMP/garbage.db",
             "--tracking-uri sqlite:///TMP/garbage.db: TMP/garbage.db is not an SQLite database "
             "(file is not a database)",
@@ -196,16 +192,51 @@ def test_an_unusable_tracking_uri_is_one_line(tmp_path, uri, expected, command):
     assert "Traceback" not in result.output
 
 
-def test_a_database_tracking_uri_with_no_server_is_one_line(tmp_path, monkeypatch):
-    # The driver is there (a stand-in module: SQLAlchemy only imports it), the server is not.
-    monkeypatch.setitem(sys.modules, "psycopg", types.ModuleType("psycopg"))
-    result = CliRunner().invoke(main, ["search", "--dry-run", "--tracking-uri", "postgresql://u:pw@127.0.0.1:1/db"])
+def _postgres_driver() -> str:
+    """The module SQLAlchemy imports for a plain postgresql:// URI (psycopg2 before 2.1, psycopg since)."""
+    from sqlalchemy.engine.url import make_url
+
+    return make_url("postgresql://h/db").get_dialect().driver
+
+
+def _tracking_error(uri: str) -> list[str]:
+    result = CliRunner().invoke(main, ["search", "--dry-run", "--tracking-uri", uri])
     assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
-    assert errors == [
-        "error: --tracking-uri postgresql://127.0.0.1:1/db: no database server answers at 127.0.0.1:1 "
-        "(Connection refused)"
-    ], result.output
+    assert "Traceback" not in result.output
+    return [line for line in result.output.splitlines() if line.startswith("error: ")]
+
+
+def test_a_database_tracking_uri_without_its_driver_is_one_line(monkeypatch):
+    driver = _postgres_driver()
+    monkeypatch.setitem(sys.modules, driver, None)  # importing it fails, installed or not
+    [line] = _tracking_error("postgresql://user:secret@127.0.0.1:1/mlflow")
+    assert line.startswith(
+        f"error: --tracking-uri postgresql://127.0.0.1:1/mlflow: its database driver {driver!r} cannot be imported ("
+    ), line
+
+
+def test_a_database_tracking_uri_with_no_server_is_one_line_and_shows_no_password(monkeypatch):
+    # The driver is there (a stand-in module: SQLAlchemy only imports it), the server is not. The password
+    # holds a /, which URIs should escape and SQLAlchemy reads anyway; one more in the query.
+    monkeypatch.setitem(sys.modules, _postgres_driver(), types.ModuleType(_postgres_driver()))
+    assert _tracking_error("postgresql://u:p/w@127.0.0.1:1/db?password=also-secret") == [
+        "error: --tracking-uri postgresql://127.0.0.1:1/db?password=***: no database server accepts a connection at "
+        "127.0.0.1:1 (Connection refused)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["postgresql://u:pw@/db?host=/var/run/postgresql", "mysql+pymysql://u:pw@localhost/db", "mssql://u:pw@MY_DSN"],
+)
+def test_a_database_reached_by_socket_or_odbc_name_is_not_probed_over_tcp(monkeypatch, uri):
+    from sqlalchemy.engine.url import make_url
+
+    driver = make_url(uri).get_dialect().driver
+    monkeypatch.setitem(sys.modules, driver, types.ModuleType(driver))
+    from tuner.tracking import check_tracking_uri
+
+    check_tracking_uri(uri)  # no error: nothing listens on this machine, and nothing was asked
 
 
 @pytest.mark.parametrize("command", ["export", "report"])
