@@ -63,6 +63,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -486,10 +487,22 @@ STRATEGIES: dict[str, tuple[str, str | None]] = {
 TUNED = ("optuna-tpe", "optuna", "optuna+asha", "optuna+asha@reference-step")
 
 
-def simulate(
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """One replayed trial: the config, the recorded repeat drawn for it, what it reported and cost."""
+
+    number: int
+    params: dict[str, Any]
+    entry: dict[str, Any]
+    value: float  # the capacity it reported (a lower bound when ASHA stopped it)
+    cost: float  # engine seconds
+    steps: int  # steps run (fewer than the entry's when ASHA stopped it)
+
+
+def evaluations(
     table: Table, setup: Setup, strategy: str, seed: int, *, startup: int = 2, max_trials: int = 96
-) -> dict[str, Any]:
-    """One search on the table: engine seconds and trials until the incumbent is in the best set.
+) -> Iterator[Evaluation]:
+    """The trials of one search on the table, in order, as the strategy proposes them.
 
     Every strategy but grid order starts, as the tool does, with the space's baseline. "optuna" is the
     tool's sampler (tuner.search.make_sampler's GP), "optuna-tpe" the multivariate TPE it used before.
@@ -523,26 +536,34 @@ def simulate(
     scheduler = None
     if rung is not None:
         scheduler = make_scheduler(config, asha_grace_period(config) if rung == "tool" else reference_step(config))
-    spent, incumbent, curve, stopped = 0.0, (-math.inf, None), [], 0
     for number in range(max_trials):
         if study is None:
             params = next(proposals, None)
             if params is None:
-                break
+                return
         else:
             trial = study.ask()
             params = {**trial.params, **define(trial)}  # as Ray's OptunaSearch builds the config
         entry = draws.entry(params)
         value, cost, steps = replay_trial(entry, scheduler, f"t{number}")
-        stopped += steps < len(entry["steps"])
         if study is not None:
             study.tell(trial, value)
-        spent += cost
-        if value > incumbent[0]:
-            incumbent = (value, params)
+        yield Evaluation(number, params, entry, value, cost, steps)
+
+
+def simulate(
+    table: Table, setup: Setup, strategy: str, seed: int, *, startup: int = 2, max_trials: int = 96
+) -> dict[str, Any]:
+    """One search on the table: engine seconds and trials until the incumbent is in the best set."""
+    spent, incumbent, curve, stopped = 0.0, (-math.inf, None), [], 0
+    for e in evaluations(table, setup, strategy, seed, startup=startup, max_trials=max_trials):
+        stopped += e.steps < len(e.entry["steps"])
+        spent += e.cost
+        if e.value > incumbent[0]:
+            incumbent = (e.value, e.params)
         curve.append((round(spent, 1), round(table.means[key(incumbent[1], table.names)], 3)))
         if table.hit(incumbent[1]):
-            return {"engine_s": spent, "trials": number + 1, "reached": True, "stopped": stopped, "curve": curve}
+            return {"engine_s": spent, "trials": e.number + 1, "reached": True, "stopped": stopped, "curve": curve}
     return {"engine_s": spent, "trials": len(curve), "reached": False, "stopped": stopped, "curve": curve}
 
 

@@ -1,0 +1,158 @@
+"""benchmarks/confirmation.py: the equal-engine-time replay of the search with and without confirmation,
+on a synthetic grid table whose truth is known (no engine is started)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+search_cost = _load("search_cost")
+confirmation = _load("confirmation")
+REF = 5.3
+BASELINE = {"max_num_seqs": 96, "max_num_batched_tokens": 2048, "num_replicas": 1}
+
+
+def _entry(params: dict, capacity: float, rng: random.Random) -> dict:
+    """A recorded trial whose breaking point is `capacity`: climb 1x, 2x, 4x, ... until a step fails; the
+    failing step stands for the refinement too (its capacity is the refined bracket's lower end)."""
+    steps, t, passed, factor, step = [], 0.0, 0.0, 1.0, 1
+    while True:
+        rps = REF * factor
+        wall = 11.0 + rng.random()
+        t += wall
+        ok = rps <= capacity
+        passed = rps if ok else passed
+        steps.append(
+            {
+                "load_step": step,
+                "load_factor": factor,
+                "phase": "climb",
+                "slo_headroom": capacity / rps,
+                search_cost.METRIC: passed,
+                "capacity_hi_rps_per_accel": None if ok else rps,
+                "num_accelerators": params["num_replicas"],
+                "ref_ttft_p95_s": 0.1,
+                "step_wall_s": wall,
+                "t_end_s": 30.0 + t,
+            }
+        )
+        if not ok or factor >= 16:
+            break
+        factor, step = factor * 2, step + 1
+    last = steps[-1]
+    if last["capacity_hi_rps_per_accel"] is not None:  # refined: a bracket 10% wide around the breaking point
+        last[search_cost.METRIC], last["capacity_hi_rps_per_accel"] = capacity * 0.95, capacity * 1.05
+    return {
+        "params": params,
+        "start_s": 30.0,
+        "steps": steps,
+        "teardown_s": 3.0,
+        "wall_s": last["t_end_s"] + 3.0,
+        search_cost.METRIC: last[search_cost.METRIC],
+        "capacity_hi_rps_per_accel": last["capacity_hi_rps_per_accel"],
+    }
+
+
+def _table(tmp_path: Path, truth) -> Path:
+    setup = search_cost._setup()
+    names = list(setup.space.tunable)
+    rng = random.Random(7)
+    configs = {}
+    for point in search_cost.grid_points(setup.space):
+        mean = truth(point)
+        # repeats whose bracket moves with the noise: each repeat's breaking point x lognormal(0, 5%)
+        repeats = [_entry(point, mean * rng.lognormvariate(0, 0.05), rng) for _ in range(3)]
+        configs[search_cost.key(point, names)] = {"params": point, "repeats": repeats}
+    meta = {
+        "config": search_cost.CONFIG.read_text(),
+        "space": search_cost.SPACE.read_text(),
+        "workload": "bundled",
+        "tunable": names,
+    }
+    (tmp_path / "search_cost_grid_bundled.json").write_text(json.dumps({"meta": meta, "configs": configs}))
+    return tmp_path
+
+
+def _args(grid_dir: Path, **kw) -> argparse.Namespace:
+    base = dict(workload="bundled", grid_dir=grid_dir, seeds=6, budgets_min=[30], finalists=[1], rounds=3)
+    return argparse.Namespace(**{**base, "max_trials": 96, "measurement_s": 70.0, **kw})
+
+
+def test_within_cuts_the_running_trial_at_its_last_step_that_ended_in_time():
+    rng = random.Random(1)
+    entry = _entry({**BASELINE}, 30.0, rng)  # passes 5.3, 10.6, 21.2; fails 42.4 (refined: 28.5)
+    e = search_cost.Evaluation(0, entry["params"], entry, entry[search_cost.METRIC], entry["wall_s"], 4)
+    budget = entry["wall_s"] + entry["steps"][1]["t_end_s"] + 1
+    ran, spent = confirmation.within([e, e], budget)
+    assert spent == pytest.approx(budget)
+    assert [round(r.value, 1) for r in ran] == [28.5, 10.6], "the cut trial keeps its second step's capacity"
+    rows = [confirmation.row(r) for r in ran]
+    assert [r.status for r in rows] == ["completed", "early_stopped"]
+    ran, spent = confirmation.within([e, e], entry["wall_s"] + 5)  # the 2nd trial ends no step: nothing kept
+    assert len(ran) == 1 and spent == pytest.approx(entry["wall_s"] + 5)
+
+
+def test_confirmation_keeps_the_baseline_when_nothing_beats_it(tmp_path):
+    """Every config the baseline's equal (a flat table): the verdict must keep the baseline nearly always,
+    while the search alone crowns whichever config drew the luckiest repeat; both within the budget."""
+    out = confirmation.run(_args(_table(tmp_path, lambda p: 20.0)))
+    cell = out["budgets_engine_min"]["30"]
+    confirmed, alone = cell["1 finalist(s) x 3 rounds"], cell["search only"]
+    assert confirmed["baseline_picked"] >= 5 and confirmed["distinguishable"] <= 1
+    assert alone["baseline_picked"] <= 2
+    assert confirmed["rounds_mean"] == 3
+    for arm in (confirmed, alone):
+        assert 0.9 * 1800 <= arm["engine_s_mean"] and arm["engine_s_max"] <= 1800 + 1e-6
+
+
+def test_a_clear_winner_found_by_the_search_is_confirmed_and_a_budget_too_small_is_refused(tmp_path):
+    """One config at 3x the rest: a search long enough to find it picks it, with or without confirmation,
+    and the verdict displaces the baseline; a budget the confirmation's reserve (2 x 3 x 70 s) leaves no
+    trial of is refused, as the tool refuses it."""
+
+    def truth(p):
+        return 60.0 if (p["max_num_seqs"], p["max_num_batched_tokens"], p["num_replicas"]) == (32, 512, 1) else 20.0
+
+    out = confirmation.run(_args(_table(tmp_path, truth), budgets_min=[6, 45]))
+    assert out["grid"]["best_set"][0]["params"]["max_num_seqs"] == 32 and len(out["grid"]["best_set"]) == 1
+    long = out["budgets_engine_min"]["45"]
+    for arm in ("search only", "1 finalist(s) x 3 rounds"):
+        assert long[arm]["right"] >= 5, arm
+    assert long["1 finalist(s) x 3 rounds"]["distinguishable"] >= 5
+    assert "refused" in out["budgets_engine_min"]["6"]["1 finalist(s) x 3 rounds"]
+    assert out["budgets_engine_min"]["6"]["search only"]["right"] <= long["search only"]["right"]
+
+
+def test_search_cost_replay_of_grid_order_stops_at_the_best_config(tmp_path):
+    """search_cost.simulate (the consumer of `evaluations`): grid order reaches the one best config at its
+    place in the grid (4 x 4 x 2 points, (32, 512, 1) is the 21st), having paid for every trial before it."""
+
+    def truth(p):
+        return 60.0 if (p["max_num_seqs"], p["max_num_batched_tokens"], p["num_replicas"]) == (32, 512, 1) else 20.0
+
+    grid_dir = _table(tmp_path, truth)
+    setup = search_cost._setup()
+    table = search_cost.load_table(grid_dir, "bundled", setup)
+    result = search_cost.simulate(table, setup, "grid", seed=0)
+    assert result["reached"] and result["trials"] == 21 and result["stopped"] == 0
+    cheapest = sum(min(e["wall_s"] for e in c["repeats"]) for c in list(table.configs.values())[:21])
+    assert result["engine_s"] >= cheapest
+    assert search_cost.simulate(table, setup, "grid", seed=0, max_trials=20)["reached"] is False
