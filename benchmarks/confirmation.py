@@ -1,7 +1,7 @@
 """Confirmation at equal engine time: does re-measuring the finalists pick better than more trials would?
 
-    .venv/bin/python benchmarks/confirmation.py --workload bundled    # 100 seeds: ~15 min here
-    .venv/bin/python benchmarks/confirmation.py                       # the same on the heldout table
+    .venv/bin/python benchmarks/confirmation.py --workload bundled --rounds 3   # 100 seeds: ~5 min here
+    .venv/bin/python benchmarks/confirmation.py --rounds 3                      # on the heldout table
 
 Replays the tool's own search (Optuna's GP sampler from the baseline, the tool's ASHA: `optuna+asha` of
 benchmarks/search_cost.py, each trial a recorded repeat of its config drawn at random) on a recorded grid
@@ -280,8 +280,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     startups = {b: startup_trials(samples[b]) for b in budgets}
     settings = []
     for count in args.finalists:
-        rounds = args.rounds or rounds_for(cv=REPEATABILITY_CV, resolution=resolution, finalists=count)
-        settings.append((f"{count} finalist(s) x {rounds} rounds", count, rounds, (count + 1) * rounds * estimate_s))
+        rule = rounds_for(cv=REPEATABILITY_CV, resolution=resolution, finalists=count)
+        for rounds in sorted({rule, *(args.rounds or ())}):
+            reserve = (count + 1) * rounds * estimate_s
+            settings.append((f"{count} finalist(s) x {rounds} rounds", count, rounds, reserve))
     print(
         f"{table.meta['workload']}: {len(table.configs)} configs, best mean {METRIC} {table.best:.2f}, "
         f"{len(table.best_set)} in the best set (tolerance {table.tolerance:.1%}); mean trial {trial_s:.0f} "
@@ -417,7 +419,12 @@ def main() -> None:
         "confirmation get about 10)",
     )
     parser.add_argument("--finalists", type=int, nargs="+", default=[1, 2], help="finalist counts (default 1 2)")
-    parser.add_argument("--rounds", type=int, help="confirmation rounds (default: the tool's rule per count)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        nargs="+",
+        help="confirmation rounds to replay besides the tool's rule for each finalist count (the demo's: 3)",
+    )
     parser.add_argument("--max-trials", type=int, default=96, help="trials a search may run at most (default 96)")
     parser.add_argument(
         "--measurement-s",
@@ -426,7 +433,7 @@ def main() -> None:
         "check (default: the tool's own estimate, tuner.search.confirm_cost)",
     )
     args = parser.parse_args()
-    if args.seeds < 1 or any(b <= 0 for b in args.budgets_min) or (args.rounds is not None and args.rounds < 2):
+    if args.seeds < 1 or any(b <= 0 for b in args.budgets_min) or any(r < 2 for r in args.rounds or ()):
         parser.error("--seeds must be >= 1, --budgets-min > 0 and --rounds >= 2")
     out = run(args)
     path = args.out_dir / f"confirmation_{args.workload}.json"

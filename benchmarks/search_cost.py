@@ -1,7 +1,7 @@
 """Search cost: how much engine time each search strategy needs to find one of the best configs.
 
-    .venv/bin/python benchmarks/search_cost.py record --workload bundled   # 32 configs x 3 repeats: ~2.7 h here
-    .venv/bin/python benchmarks/search_cost.py record --workload heldout   # the same on a second workload: ~2.7 h
+    .venv/bin/python benchmarks/search_cost.py record --workload bundled   # 32 configs x 3 repeats: ~2.9 h here
+    .venv/bin/python benchmarks/search_cost.py record --workload heldout   # the same on a second workload: ~2.9 h
     .venv/bin/python benchmarks/search_cost.py compare                     # strategies replayed: ~10 min
     .venv/bin/python benchmarks/search_cost.py live                        # one live Optuna + ASHA search: ~20 min
 
@@ -46,7 +46,7 @@ the bundled table (per-config mean capacity, the same best set). Measurements, n
 
 Why the 32-config grid was kept (not shrunk to 16): with a budget of 12 trials a 16-point grid is
 nearly exhausted by any strategy, so the comparison would say little; the recording costs 96 trials of
-about 100 s per workload (2.7 h each, 5.3 h for both; resumable, each workload recorded separately).
+about 107 s per workload (2.9 h each, 5.7 h for both; resumable, each workload recorded separately).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def _table(tmp_path: Path, truth) -> Path:
 
 
 def _args(grid_dir: Path, **kw) -> argparse.Namespace:
-    base = dict(workload="bundled", grid_dir=grid_dir, seeds=6, budgets_min=[30], finalists=[1], rounds=3)
+    base = dict(workload="bundled", grid_dir=grid_dir, seeds=6, budgets_min=[30], finalists=[1], rounds=[3])
     return argparse.Namespace(**{**base, "max_trials": 96, "measurement_s": 70.0, **kw})
 
 
