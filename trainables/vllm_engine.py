@@ -33,6 +33,7 @@ from typing import Any
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
 from tuner.errors import EngineDied, EngineError
+from tuner.tiny_model import engine_defaults
 from tuner.vllm_args import serve_argv
 
 _CORE_LOCK_DIR = Path(os.environ.get("VLLM_TUNER_CORE_LOCKS", "/tmp/vllm-tuner-cores"))
@@ -51,6 +52,12 @@ class EngineSpec:
     on_cpu: bool = True
     env: dict[str, str] = field(default_factory=dict)
     serving: str = "in-process"
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The engine arguments the replica starts with: `engine_args` over the model's own defaults (the
+        tiny model runs in float32 on CPU: tuner.tiny_model.engine_defaults)."""
+        return {**engine_defaults(self.engine_args.get("model"), self.on_cpu), **self.engine_args}
 
 
 def claim_cores(count: int, lock_dir: Path = _CORE_LOCK_DIR) -> tuple[list[int], list[Any]]:
@@ -211,7 +218,7 @@ class VllmEngine:
         try:
             with open(self._log_path, "w") as log:
                 os.dup2(log.fileno(), 2)
-            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._spec.engine_args))
+            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._spec.args))
         except Exception as error:  # vLLM raises many types; the reason is what matters
             reason = _reason_from_log(self._log_path) or root_cause(error)
             self._release_cores()
@@ -353,7 +360,7 @@ class VllmServer:
             env.update(engine_cpu_env(cores))
             self.info["cores"] = cores
         port = _free_port()
-        argv = server_command(self._spec.engine_args, port)
+        argv = server_command(self._spec.args, port)
         self._log_path = Path(tempfile.mkstemp(prefix="vllm-tuner-server-", suffix=".log")[1])
         with open(self._log_path, "w") as log:  # the guard leads the group and outlives nothing of it
             self._process = start_pinned(

@@ -31,6 +31,7 @@ from tuner.selection import (
     verdict_summary,
 )
 from tuner.space import POOL_PARAMS
+from tuner.tiny_model import engine_defaults
 from tuner.vllm_args import serve_options
 
 # Ray Serve's own health-check defaults, and its failure threshold, which no config can change.
@@ -101,7 +102,7 @@ def deployment_for(
 ) -> Deployment:
     """Translate a trial's params into a deployment; on CPU the KV fraction becomes bytes of KV cache. With
     a replica plan, the replica count (or Ray Serve's autoscaling range) is the plan's, not the trial's."""
-    args: dict[str, Any] = dict(MEASURED_ENGINE_DEFAULTS)
+    args: dict[str, Any] = {**MEASURED_ENGINE_DEFAULTS, **engine_defaults(record.model, record.device == "cpu")}
     if record.max_model_len:
         args["max_model_len"] = record.max_model_len
     args.update({k: v for k, v in record.engine_args.items() if k not in _MEASUREMENT_ONLY_ARGS})

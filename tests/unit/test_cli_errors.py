@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 import types
@@ -135,6 +136,24 @@ def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
         main, ["search", "--dry-run", "--no-confirm", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
     )
     assert off.exit_code == 0 and "confirmation: off (confirm.rounds 0 or --no-confirm)" in off.output
+
+
+def test_a_model_in_half_precision_on_a_cpu_that_emulates_it_is_warned_about(tmp_path, monkeypatch):
+    import tuner.tiny_model
+    from tuner.config import load_config
+    from tuner.search import prepare, setup_warnings
+
+    monkeypatch.setattr(tuner.tiny_model, "cpu_has_native_bf16", lambda: False)
+    assert setup_warnings(prepare(load_config())) == [], "the tiny model runs in float32 on CPU"
+    user = tmp_path / "my-model"
+    shutil.copytree(tuner.tiny_model.ensure_tiny_model(), user)
+    warned = setup_warnings(prepare(load_config(overrides={"model.path": str(user)})))
+    assert len(warned) == 1 and "this CPU has no native bfloat16" in warned[0] and "dtype auto" in warned[0]
+    assert warned[0].endswith("set model.engine_args.dtype: float32 if that is how it will be served on such CPUs")
+    fp32 = load_config(overrides={"model.path": str(user), "model.engine_args": {"dtype": "float32"}})
+    assert setup_warnings(prepare(fp32)) == []
+    monkeypatch.setattr(tuner.tiny_model, "cpu_has_native_bf16", lambda: True)
+    assert setup_warnings(prepare(load_config(overrides={"model.path": str(user)}))) == []
 
 
 def test_one_confirmation_round_is_refused_it_gives_no_interval(invoke):

@@ -747,6 +747,25 @@ def test_deployment_maps_the_kv_fraction_to_bytes_only_on_cpu() -> None:
     assert config["no-enable-chunked-prefill"] is True and config["max-model-len"] == 512
 
 
+def test_the_tiny_model_is_exported_in_float32_on_cpu_as_it_was_measured() -> None:
+    def exported(model: str, device: str, engine_args: dict[str, Any]) -> dict[str, Any]:
+        record = SearchRecord(
+            "e",
+            "p",
+            "sqlite://",
+            SLO,
+            (),
+            params={"device": device, "model": model},
+            config={"model": {"max_model_len": 512, "engine_args": engine_args}},
+        )
+        return vllm_serve_config(deployment_for(record, TrialRow("t", "r", "completed", params={}), ExportOptions()))
+
+    tiny = "/cache/models/tiny-llama-v1"
+    assert exported(tiny, "cpu", {})["dtype"] == "float32"
+    assert exported(tiny, "cpu", {"dtype": "bfloat16"})["dtype"] == "bfloat16", "the config's own dtype wins"
+    assert "dtype" not in exported(tiny, "gpu", {}) and "dtype" not in exported("/m", "cpu", {})
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 
