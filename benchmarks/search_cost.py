@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import machine, run_trial, start_local_ray, step_line, stop_ray  # noqa: E402
+from common import cpu_kind, machine, run_trial, start_local_ray, step_line, stop_ray  # noqa: E402
 
 from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus  # noqa: E402
 
@@ -92,7 +92,9 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
 }
 # What a table must have been recorded with to be resumed or compared (meta keys).
-IDENTITY = ("config", "space", "workload", "overrides")
+# What a table's trials must share to be resumed: the settings, the engine args the tool adds (the tiny model's
+# dtype), and the kind of CPU (trials from two machines do not compare).
+IDENTITY = ("config", "space", "workload", "overrides", "engine_defaults", "cpu")
 
 
 def grid_path(grid_dir: Path, workload: str) -> Path:
@@ -198,6 +200,7 @@ def record_order(points: list[dict[str, Any]], workload: str, repeats: int) -> l
 def _meta(prepared, workload: str) -> dict[str, Any]:
     from tuner import __version__
     from tuner.search import _vllm_version
+    from tuner.tiny_model import engine_defaults
 
     config = prepared.config
     provenance = {k: v for k, v in prepared.workload.provenance.items() if k != "source"}
@@ -216,6 +219,8 @@ def _meta(prepared, workload: str) -> dict[str, Any]:
         "step_sample": prepared.sample.describe(),
         "workload_provenance": {"source": _display(prepared.workload.provenance.get("source", "")), **provenance},
         "machine": machine(),
+        "cpu": cpu_kind(),
+        "engine_defaults": engine_defaults(prepared.model_path, prepared.on_cpu),
         "vllm": _vllm_version(),
         "tool_version": __version__,
         "git": _git(),
@@ -232,8 +237,8 @@ def _load_table(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
     differs = [k for k in IDENTITY if table["meta"].get(k) != meta[k]]
     if differs:
         raise SystemExit(
-            f"{path} was recorded with a different {', '.join(differs)} than "
-            f"{_display(CONFIG)} now has: move it away to record a new table"
+            f"{path} was recorded with a different {', '.join(differs)} than now ({_display(CONFIG)} and this "
+            "machine): trials of other settings or another kind of CPU do not compare; move it away to record anew"
         )
     return table
 
