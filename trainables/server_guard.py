@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
     # An ignored SIGCHLD is inherited through exec and makes the kernel reap children at once, so their
     # exit status is lost: the guard must read its server's.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # An ignored SIGHUP is inherited too (a search started under `nohup`): the server must not ignore the
+    # SIGHUP that ends it when the guard dies. (Seen here: a driver killed under nohup left 2 servers running.)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     terminal = hold_a_terminal()  # noqa: F841 - held open for the guard's lifetime
     server = subprocess.Popen(argv)  # close_fds: the server never sees the terminal
     stop_at: list[float] = []

@@ -589,7 +589,8 @@ def render_export(
     verdict = verdict_summary(record, trial, rejudged=rejudged)
     if verdict is not None:
         header.append(
-            f"Confirmed in {verdict.get('rounds')} paired rounds against the baseline: {verdict.get('text')}"
+            f"Confirmed in {verdict.get('rounds_done', verdict.get('rounds'))}"
+            f" paired rounds against the baseline: {verdict.get('text')}"
             + (f" ({verdict['note']})" if verdict.get("note") else "")
             + "."
         )

@@ -573,7 +573,8 @@ def gain_lines(summary: Summary) -> list[str]:
             "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
         )
         lines.append(
-            f"Confirmed in {verdict.get('rounds')} paired rounds against the baseline (each a fresh pool, order "
+            f"Confirmed in {verdict.get('rounds_done', verdict.get('rounds'))}"
+            f" paired rounds against the baseline (each a fresh pool, order "
             f"rotated): {verdict.get('text')}. Recommended: {recommended}."
         )
     else:

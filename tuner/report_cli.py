@@ -164,7 +164,8 @@ def export(
             "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
         )
         click.echo(
-            f"confirmed in {verdict.get('rounds')} paired rounds: {verdict.get('text')}; recommended: {recommended}"
+            f"confirmed in {verdict.get('rounds_done', verdict.get('rounds'))}"
+            f" paired rounds: {verdict.get('text')}; recommended: {recommended}"
         )
     else:
         click.echo("no confirmation phase: the capacity above is one measurement (see the README)")

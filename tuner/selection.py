@@ -154,6 +154,7 @@ def verdict_summary(record: SearchRecord, trial: TrialRow, *, rejudged: bool) ->
         return None
     keys = ("ratio", "ci_low", "ci_high", "confidence", "distinguishable", "rounds", "tied_with", "tie_rule")
     summary = {k: verdict.get(k) for k in keys}
+    summary["rounds_done"] = verdict.get("rounds_done", verdict.get("rounds"))  # what the interval rests on
     summary["winner"] = verdict.get("winner")
     summary["baseline"] = verdict.get("baseline")
     summary["text"] = verdict.get("text")

@@ -18,15 +18,16 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_real_capacity_search_brackets_the_breaking_point(ray_local):
-    # The embedded default's workload and SLO, short steps; a small batch breaks at a few times the
-    # bundled trace's rate on one core, so the climb from 2x fails within a few doublings.
+    # The embedded default's workload and SLO, short steps; a small batch breaks near the bundled trace's
+    # rate on one core (about 0.75x on a 2-core AVX2 EPYC, about 2x on the faster machine before it), so
+    # from 1x the search either climbs to a failure within a few doublings or descends to a pass.
     prepared = prepare(
         load_config(None, {"capacity.tail_requests": 3, "capacity.min_window_s": 6, "capacity.warmup_requests": 5}),
         device_has_gpu=False,
     )
     context = dataclasses.replace(
         trial_context(prepared),
-        plan=CapacityPlan(start_factor=2.0, growth=2.0, max_factor=32.0, min_factor=1.0, resolution=0.3),
+        plan=CapacityPlan(start_factor=1.0, growth=2.0, max_factor=32.0, min_factor=0.125, resolution=0.3),
     )
 
     async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
@@ -47,7 +48,8 @@ def test_a_real_capacity_search_brackets_the_breaking_point(ray_local):
     assert final["trial_status"] == "completed", final["status_reason"]
     phases = [r["phase"] for r in results]
     assert phases[0] == "climb" and "refine" in phases, phases
-    assert any(not r["slo_pass"] for r in results), "the climb found a load that fails"
+    assert any(not r["slo_pass"] for r in results), "the search found a load that fails"
+    assert any(r["slo_pass"] for r in results), "and one that passes"
     # Capacity = the measured arrival rate of the highest pass below the lowest failure, and the bracket
     # was refined to the resolution.
     fails = [r["arrival_rps"] for r in results if not r["slo_pass"]]

@@ -136,8 +136,11 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
         if r.data.tags.get("run_kind") == "confirm"
     ]
     if verdict["comparisons"]:  # a finalist besides the baseline passed a load step
-        assert len(confirms) == 4 and verdict["rounds"] == 2 and verdict["rounds_done"] == 2
-        assert sorted(r.data.tags["confirm_round"] for r in confirms) == ["1", "1", "2", "2"]
+        # Both rounds when the budget holds them (on the earlier machine), else the deadline rule ends the phase
+        # after round 1 (a 2-core AVX2 EPYC, 2026-12-02): never a round cut short, never a third.
+        done = verdict["rounds_done"]
+        assert verdict["rounds"] == 2 and done in (1, 2) and len(confirms) == 2 * done, (done, len(confirms))
+        assert sorted(r.data.tags["confirm_round"] for r in confirms) == sorted(["1", "2"][:done] * 2)
         assert {r.data.tags["confirms_trial"] for r in confirms} == set(verdict["measurements"])
         assert verdict["ci_low"] is None or verdict["ci_low"] <= (verdict["ratio"] or 0) <= (verdict["ci_high"] or 1e9)
         # reference_step: every measurement stepped at the reference load first, so each round measured the
@@ -165,7 +168,7 @@ def test_short_search_records_every_trial_and_the_front(tmp_path):
     assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"]["winner"] == verdict["winner"] == best["trial_id"]
-    assert "Confirmed in 2 paired rounds" in (out / "vllm-serve.yaml").read_text()
+    assert f"Confirmed in {done} paired rounds" in (out / "vllm-serve.yaml").read_text()
     assert leftover_processes() == []
 
 

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from trainables.vllm_engine import start_pinned
 
 GUARD = str(Path(__file__).resolve().parents[2] / "trainables" / "server_guard.py")
@@ -117,16 +119,22 @@ def test_the_guard_ends_as_its_server_did_and_leaves_nothing(tmp_path):
     assert _gone(helper)
 
 
-def test_a_guard_killed_with_its_actor_still_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("nohup", [False, True], ids=["plain", "under-nohup"])
+def test_a_guard_killed_with_its_actor_still_leaves_nothing(tmp_path, nohup):
     # Ray SIGKILLs an exiting worker's child processes: the guard itself dies without a word; the kernel
-    # then hangs up its terminal, which ends the server and its helper.
+    # then hangs up its terminal, which ends the server and its helper, even when whoever started the
+    # search ignored SIGHUP (`nohup`), which every process it starts inherits.
     marker = tmp_path / "helper.pid"
-    guard = start_pinned(
-        [sys.executable, GUARD, sys.executable, "-c", SERVER, str(marker)],
-        [],
-        env=dict(os.environ),
-        stdout=subprocess.DEVNULL,
-    )
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL)
+    try:
+        guard = start_pinned(
+            [sys.executable, GUARD, sys.executable, "-c", SERVER, str(marker)],
+            [],
+            env=dict(os.environ),
+            stdout=subprocess.DEVNULL,
+        )
+    finally:
+        signal.signal(signal.SIGHUP, before)
     helper = _wait_for_file(marker)
     server = int(Path(f"/proc/{guard.pid}/task/{guard.pid}/children").read_text().split()[0])
     guard.kill()
