@@ -91,9 +91,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "workload.transforms": {"first_n": 600, "prompt_scale": 0.25, "output_scale": 0.34, "target_rate_rps": 5.3},
     },
 }
-# What a table must have been recorded with to be resumed or compared (meta keys).
-# What a table's trials must share to be resumed: the settings, the engine args the tool adds (the tiny model's
-# dtype), and the kind of CPU (trials from two machines do not compare).
+# What a table must have been recorded with to be resumed (meta keys): the settings, the engine args the tool
+# adds (the tiny model's dtype), and the kind of CPU (trials from two machines do not compare).
 IDENTITY = ("config", "space", "workload", "overrides", "engine_defaults", "cpu")
 
 
