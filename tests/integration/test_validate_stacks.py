@@ -17,6 +17,9 @@ from unit.test_export import build_store, standard_trials
 pytestmark = pytest.mark.integration
 
 LENIENT = "ttft:p95<60s; tpot:p95<5s"
+# Short steps (3 requests above the p95: 60 measured after 5 warm-up), as in the integration searches:
+# each bench run lasts ~20 s instead of ~60 s.
+SHORT_STEPS = {"tail_requests": 3, "warmup_requests": 5}
 
 
 def _servers_left() -> list[str]:
@@ -37,7 +40,7 @@ def test_validate_serves_the_export_and_the_defaults_and_judges_them_with_bench_
     from tuner.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model())
-    uri = build_store(tmp_path, "validate-me", standard_trials(), slo=LENIENT, model=model)
+    uri = build_store(tmp_path, "validate-me", standard_trials(), slo=LENIENT, model=model, capacity=SHORT_STEPS)
     out = tmp_path / "validated"
     result = CliRunner().invoke(
         main, ["validate", "--experiment", "validate-me", "--tracking-uri", uri, "--out", str(out)]
@@ -110,7 +113,9 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
         "rate_profile": {"trough": 7.0, "mean": 9.0, "p99": 12.0, "peak": 13.0},
     }
     model = str(ensure_tiny_model())
-    uri = build_store(tmp_path, "serve-validate", standard_trials(), slo=LENIENT, model=model, workload=workload)
+    uri = build_store(
+        tmp_path, "serve-validate", standard_trials(), slo=LENIENT, model=model, workload=workload, capacity=SHORT_STEPS
+    )
     out = tmp_path / "validated"
     argv = ["validate", "--experiment", "serve-validate", "--tracking-uri", uri, "--out", str(out)]
     result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "6", "--scale-up-s", "90"])

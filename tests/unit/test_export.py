@@ -147,9 +147,11 @@ def build_store(
     engine_args: dict[str, Any] | None = None,
     verdict: dict[str, Any] | None = None,
     cores: int = 1,
+    capacity: dict[str, Any] | None = None,
 ) -> str:
     """Record a search as `tuner.search` does (parent run, documents, nested trial runs, and with `verdict`
-    a confirmation measurement of each trial it names plus verdict.json); returns the URI."""
+    a confirmation measurement of each trial it names plus verdict.json); returns the URI. `capacity`
+    adds to the search's capacity section (its step sample is what `validate` replays)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -168,7 +170,7 @@ def build_store(
         "model": {"path": None, "max_model_len": 2048, "engine_args": engine_args or {}},
         "hardware": {"device": device, "cpu_cores_per_replica": cores, "kv_budget_mib": 64.0},
         "slo": slo,
-        "capacity": {"start_factor": FACTORS[0], "growth": 2.0, "max_factor": FACTORS[-1]},
+        "capacity": {"start_factor": FACTORS[0], "growth": 2.0, "max_factor": FACTORS[-1], **(capacity or {})},
         "objectives": [
             {"metric": "capacity_rps_per_accel", "mode": "max"},
             {"metric": "ref_ttft_p95_s", "mode": "min"},
