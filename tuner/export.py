@@ -32,6 +32,7 @@ from tuner.selection import (
 )
 from tuner.space import POOL_PARAMS
 from tuner.tiny_model import engine_defaults
+from tuner.verdict import confirmation_lead
 from tuner.vllm_args import serve_options
 
 # Ray Serve's own health-check defaults, and its failure threshold, which no config can change.
@@ -589,8 +590,7 @@ def render_export(
     verdict = verdict_summary(record, trial, rejudged=rejudged)
     if verdict is not None:
         header.append(
-            f"Confirmed in {verdict.get('rounds_done', verdict.get('rounds'))}"
-            f" paired rounds against the baseline: {verdict.get('text')}"
+            f"{confirmation_lead(verdict)}: {verdict.get('text')}"
             + (f" ({verdict['note']})" if verdict.get("note") else "")
             + "."
         )

@@ -24,7 +24,7 @@ from tuner.pareto import non_dominated
 from tuner.recorded import SearchRecord, TrialRow, load_search, scrub_uri
 from tuner.selection import confirmed_winner, feasible_trials, pick_trial
 from tuner.slo import parse_slo
-from tuner.verdict import REFERENCE_LATENCIES
+from tuner.verdict import REFERENCE_LATENCIES, confirmation_lead
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
 
 # fANOVA over fewer trials ranks noise: 8 trials with 6 tied capacities gave confident-looking bars.
@@ -572,11 +572,8 @@ def gain_lines(summary: Summary) -> list[str]:
         recommended = (
             "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
         )
-        lines.append(
-            f"Confirmed in {verdict.get('rounds_done', verdict.get('rounds'))}"
-            f" paired rounds against the baseline (each a fresh pool, order "
-            f"rotated): {verdict.get('text')}. Recommended: {recommended}."
-        )
+        rounds = " (each a fresh pool, order rotated)" if verdict.get("rounds_done", verdict.get("rounds")) else ""
+        lines.append(f"{confirmation_lead(verdict)}{rounds}: {verdict.get('text')}. Recommended: {recommended}.")
     else:
         lines.append(
             "No confirmation phase ran: every figure below is one measurement, and the winner is the highest of "

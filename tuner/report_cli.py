@@ -14,6 +14,7 @@ import click
 from tuner.export import DEFAULT_IMAGE
 from tuner.plan import DEFAULT_HEADROOM
 from tuner.selection import PICKS
+from tuner.verdict import confirmation_lead
 
 _URI_HELP = "MLflow tracking URI (default sqlite:///<repo>/reports/mlflow.db)."
 
@@ -163,10 +164,8 @@ def export(
         recommended = (
             "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
         )
-        click.echo(
-            f"confirmed in {verdict.get('rounds_done', verdict.get('rounds'))}"
-            f" paired rounds: {verdict.get('text')}; recommended: {recommended}"
-        )
+        lead = confirmation_lead(verdict)
+        click.echo(f"{lead[0].lower()}{lead[1:]}: {verdict.get('text')}; recommended: {recommended}")
     else:
         click.echo("no confirmation phase: the capacity above is one measurement (see the README)")
     plan = json.loads(result.files["best.json"].read_text())["plan"]

@@ -88,6 +88,15 @@ class LatencyComparison:
         return dataclasses.asdict(self)
 
 
+def confirmation_lead(verdict: Mapping[str, Any]) -> str:
+    """How a recorded verdict was reached, as the export, the report and `report` say it: the paired rounds
+    it rests on (`rounds_done`; verdicts recorded before it existed carry only `rounds`), or that none ran."""
+    done = int(verdict.get("rounds_done", verdict.get("rounds")) or 0)
+    if done == 0:
+        return "Not confirmed against the baseline (no paired round ran)"
+    return f"Confirmed in {done} paired round{'' if done == 1 else 's'} against the baseline"
+
+
 def compare_latency(
     metric: str,
     finalist: Sequence[Measurement],

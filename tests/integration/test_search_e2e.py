@@ -17,6 +17,8 @@ import time
 import pytest
 from helpers import ENGINE_PATTERN, ROOT, leftover_processes, run_cli
 
+from tuner.verdict import confirmation_lead
+
 pytestmark = pytest.mark.integration
 
 STATUSES = {"completed", "early_stopped", "infeasible"}
@@ -119,10 +121,11 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
             trial.data.params
         )
         assert trial.data.tags["status_reason"]
+        if trial in interrupted:  # closed by the resume, with what it had measured (here: nothing)
+            assert trial.info.status == "KILLED"
+            continue
         assert trial.info.status in ("FINISHED", "FAILED")
-        if trial.data.tags["trial_status"] == "infeasible" or trial.data.tags["status_reason"].startswith(
-            "interrupted"
-        ):
+        if trial.data.tags["trial_status"] == "infeasible":
             continue
         # Metrics per load step, with step = load_step.
         history = client.get_metric_history(trial.info.run_id, "slo_headroom")
@@ -232,8 +235,7 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"]["winner"] == verdict["winner"] == best["trial_id"]
-    rounds_done = verdict.get("rounds_done", verdict.get("rounds"))  # the rounds the verdict rests on
-    assert f"Confirmed in {rounds_done} paired rounds" in (out / "vllm-serve.yaml").read_text()
+    assert confirmation_lead(verdict) in (out / "vllm-serve.yaml").read_text()  # the rounds it rests on
     assert leftover_processes() == []
 
 

@@ -118,7 +118,10 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
     )
     out = tmp_path / "validated"
     argv = ["validate", "--experiment", "serve-validate", "--tracking-uri", uri, "--out", str(out)]
-    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "6", "--scale-up-s", "90"])
+    # 1.5 requests/s per replica: one replica of the tiny model holds it on a 2-core AVX2 EPYC (it did not
+    # hold 6, which the earlier machine did: its queue grew), and the burst at twice that (3 requests/s,
+    # 270 requests) still runs well past the exported target_ongoing_requests on one replica.
+    result = CliRunner().invoke(main, [*argv, "--stack", "ray-serve", "--rates", "1.5", "--scale-up-s", "90"])
     assert _servers_left() == [], "Serve, its Ray and its engine are stopped"
     assert result.exit_code == 0, result.output[-4000:]
     # The scale-up check: the exported autoscaling (3-5) at 1-2 replicas here, 90 s at twice the rate: Serve
@@ -143,7 +146,7 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
         ("ray-serve", "exported"),
     ]
     for m in measured:
-        assert m["arrival_rps"] == pytest.approx(6.0, rel=0.15) and m["failed_requests"] == 0
+        assert m["arrival_rps"] == pytest.approx(1.5, rel=0.15) and m["failed_requests"] == 0
         assert m["measured_requests"] >= 10 and m["ttft_p95_s"] > 0
     served = yaml.safe_load((out / "serve-llm.yaml").read_text())
     assert served["applications"][0]["args"]["ingress_deployment_config"] == {"ray_actor_options": {"num_cpus": 0}}

@@ -20,7 +20,7 @@ from stand_in import JumpEngine
 from tuner.capacity import CapacityPlan, Observation, bracket, next_step
 from tuner.confirm import REPEATABILITY_CV, finalists, run_confirmation, schedule, warm_plan
 from tuner.recorded import TrialRow
-from tuner.verdict import Measurement, compare, decide, detection_power, rounds_for
+from tuner.verdict import Measurement, compare, confirmation_lead, decide, detection_power, rounds_for
 
 REF = 5.3
 SEARCH_PLAN = CapacityPlan(start_factor=1, growth=2, max_factor=16, resolution=0.1)
@@ -387,3 +387,29 @@ def test_a_baseline_whose_trial_failed_is_never_the_recommendation_the_export_ca
         t.trial_id for t in feasible_trials([base, finalist])
     }
     assert outcome.verdict.text.startswith("the baseline failed the SLO at every load tried in its trial")
+
+
+@pytest.mark.parametrize(
+    ("verdict", "lead"),
+    [
+        ({"rounds": 2, "rounds_done": 0}, "Not confirmed against the baseline (no paired round ran)"),
+        ({"rounds": 2, "rounds_done": 1}, "Confirmed in 1 paired round against the baseline"),
+        ({"rounds": 2, "rounds_done": 2}, "Confirmed in 2 paired rounds against the baseline"),
+        ({"rounds": 3}, "Confirmed in 3 paired rounds against the baseline"),  # recorded before rounds_done
+    ],
+)
+def test_the_export_and_reports_say_the_rounds_the_verdict_rests_on(verdict, lead):
+    assert confirmation_lead(verdict) == lead
+
+
+def test_a_verdict_with_no_round_is_exported_as_not_confirmed(tmp_path):
+    from unit.test_export import _verdict, build_store, standard_trials
+
+    from tuner.export import export_search
+
+    verdict = {**_verdict("base0001", distinguishable=False), "rounds_done": 0, "text": "nothing to confirm"}
+    uri = build_store(tmp_path, "unconfirmed", standard_trials(), verdict=verdict)
+    export_search(uri, "unconfirmed", tmp_path / "out")
+    header = (tmp_path / "out" / "vllm-serve.yaml").read_text()
+    assert "Not confirmed against the baseline (no paired round ran): nothing to confirm" in header
+    assert "Confirmed in" not in header
