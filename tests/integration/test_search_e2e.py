@@ -216,12 +216,16 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
         # latencies there (unless a request failed there), and the comparison carries their paired intervals.
         measured = [m for ms in verdict["measurements"].values() for m in ms]
         with_ref = [m for m in measured if "ref_ttft_p95_s" in m]
-        assert with_ref and all(0 < m["ref_ttft_p95_s"] < 60 for m in with_ref), measured
-        latency = verdict["comparisons"][0]["reference_latency"]
-        assert latency and {c["metric"] for c in latency} <= {"ref_ttft_p95_s", "ref_tpot_p95_s", "ref_e2e_p95_s"}
-        assert all(
-            c["pairs"] <= 2 and (c["ratio"] is None or c["ci_low"] <= c["ratio"] <= c["ci_high"]) for c in latency
-        )
+        if with_ref:
+            assert all(0 < m["ref_ttft_p95_s"] < 60 for m in with_ref), measured
+            latency = verdict["comparisons"][0]["reference_latency"]
+            assert latency and {c["metric"] for c in latency} <= {"ref_ttft_p95_s", "ref_tpot_p95_s", "ref_e2e_p95_s"}
+            assert all(
+                c["pairs"] <= 2 and (c["ratio"] is None or c["ci_low"] <= c["ratio"] <= c["ci_high"]) for c in latency
+            )
+        else:  # only where the reference load (10/s per accelerator) fails every config measured, as on a 2-core
+            # AVX2 EPYC (each bracket below 3/s): requests failed at the reference step, so it has no latencies
+            assert all(0 < (m.get("hi_rps_per_accel") or 0) < 10.0 for m in measured), measured
     else:
         assert confirms == [] and verdict["notes"]
     for run in confirms:
