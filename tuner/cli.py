@@ -193,6 +193,8 @@ def print_summary(outcome) -> None:
         console.print(line)
     confirmation = outcome.confirmation
     if confirmation is not None:
+        from tuner.verdict import confirmation_lead
+
         verdict = confirmation.verdict
         for trial_id, measured in confirmation.measurements.items():
             values = ", ".join(
@@ -202,7 +204,8 @@ def print_summary(outcome) -> None:
             role = " (baseline)" if trial_id == verdict.baseline else ""
             console.print(f"confirmed {trial_id}{role}: {values} rps/accel")
         recommended = "the baseline" if verdict.winner == verdict.baseline else f"trial {verdict.winner}"
-        console.print(f"verdict ({confirmation.rounds_done} paired rounds): {verdict.text}; recommended: {recommended}")
+        lead = confirmation_lead({"rounds_done": confirmation.rounds_done})
+        console.print(f"{lead}: {verdict.text}; recommended: {recommended}")
     else:
         console.print("no confirmation phase: the trials above are one measurement each (see the README)")
     console.print(

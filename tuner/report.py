@@ -24,7 +24,7 @@ from tuner.pareto import non_dominated
 from tuner.recorded import SearchRecord, TrialRow, load_search, scrub_uri
 from tuner.selection import confirmed_winner, feasible_trials, pick_trial
 from tuner.slo import parse_slo
-from tuner.verdict import REFERENCE_LATENCIES, confirmation_lead
+from tuner.verdict import REFERENCE_LATENCIES, confirmation_lead, rounds_done
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
 
 # fANOVA over fewer trials ranks noise: 8 trials with 6 tied capacities gave confident-looking bars.
@@ -572,7 +572,7 @@ def gain_lines(summary: Summary) -> list[str]:
         recommended = (
             "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
         )
-        rounds = " (each a fresh pool, order rotated)" if verdict.get("rounds_done", verdict.get("rounds")) else ""
+        rounds = " (each a fresh pool, order rotated)" if rounds_done(verdict) else ""
         lines.append(f"{confirmation_lead(verdict)}{rounds}: {verdict.get('text')}. Recommended: {recommended}.")
     else:
         lines.append(

@@ -28,6 +28,7 @@ from tuner.metrics import judge as judge_statistics
 from tuner.pareto import Objective, knee_index, non_dominated
 from tuner.recorded import DEFAULT_OBJECTIVES, SearchRecord, TrialRow
 from tuner.slo import METRICS, STATS, Slo, parse_slo
+from tuner.verdict import rounds_done
 from tuner.vocabulary import (
     FEASIBLE_STATUSES,
     FINAL_STATUSES,
@@ -154,7 +155,7 @@ def verdict_summary(record: SearchRecord, trial: TrialRow, *, rejudged: bool) ->
         return None
     keys = ("ratio", "ci_low", "ci_high", "confidence", "distinguishable", "rounds", "tied_with", "tie_rule")
     summary = {k: verdict.get(k) for k in keys}
-    summary["rounds_done"] = verdict.get("rounds_done", verdict.get("rounds"))  # what the interval rests on
+    summary["rounds_done"] = rounds_done(verdict)  # what the interval rests on
     summary["winner"] = verdict.get("winner")
     summary["baseline"] = verdict.get("baseline")
     summary["text"] = verdict.get("text")

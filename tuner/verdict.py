@@ -88,10 +88,16 @@ class LatencyComparison:
         return dataclasses.asdict(self)
 
 
+def rounds_done(verdict: Mapping[str, Any]) -> int:
+    """The paired rounds a recorded verdict rests on (`rounds_done`; verdicts recorded before it existed carry
+    only the planned `rounds`, which then all ran)."""
+    return int(verdict.get("rounds_done", verdict.get("rounds")) or 0)
+
+
 def confirmation_lead(verdict: Mapping[str, Any]) -> str:
-    """How a recorded verdict was reached, as the export, the report and `report` say it: the paired rounds
-    it rests on (`rounds_done`; verdicts recorded before it existed carry only `rounds`), or that none ran."""
-    done = int(verdict.get("rounds_done", verdict.get("rounds")) or 0)
+    """How a recorded verdict was reached, as the CLI, the export, the report and `report` say it: the paired
+    rounds it rests on, or that none ran."""
+    done = rounds_done(verdict)
     if done == 0:
         return "Not confirmed against the baseline (no paired round ran)"
     return f"Confirmed in {done} paired round{'' if done == 1 else 's'} against the baseline"

@@ -413,3 +413,25 @@ def test_a_verdict_with_no_round_is_exported_as_not_confirmed(tmp_path):
     header = (tmp_path / "out" / "vllm-serve.yaml").read_text()
     assert "Not confirmed against the baseline (no paired round ran): nothing to confirm" in header
     assert "Confirmed in" not in header
+
+
+@pytest.mark.parametrize(
+    ("done", "lead"),
+    [(0, "Not confirmed against the baseline (no paired round ran)"), (2, "Confirmed in 2 paired rounds")],
+)
+def test_the_search_summary_says_the_rounds_its_verdict_rests_on(capsys, done, lead):
+    from types import SimpleNamespace
+
+    from tuner.cli import print_summary
+    from tuner.confirm import ConfirmOutcome
+    from tuner.search import SearchOutcome
+
+    base = TrialRow("base0001", "run1", "completed", metrics={"capacity_rps_per_accel": 5.3})
+    verdict = SimpleNamespace(baseline="base0001", winner="base0001", text="nothing to confirm")
+    measured = {"base0001": [_m(5.3, 6.4)] * done}
+    confirmation = ConfirmOutcome(verdict=verdict, measurements=measured, wall_s=60.0, rounds_done=done, notes=[])
+    outcome = SearchOutcome("e", "parent", "sqlite:///x.db", [base], [base], 120.0, base, confirmation=confirmation)
+    print_summary(outcome)
+    out = capsys.readouterr().out
+    assert f"{lead}" in out and "nothing to confirm; recommended: the baseline" in out
+    assert "0 paired rounds" not in out
