@@ -201,6 +201,14 @@ def setup_warnings(prepared: PreparedSearch) -> list[str]:
     return [line for line in (dtype_warning(prepared),) if line]
 
 
+def search_trials_in_budget(prepared: PreparedSearch) -> int | None:
+    """About how many typical trials `budget.time_budget_s` leaves the search once the confirmation's
+    estimate is set aside (None without a time budget)."""
+    if not prepared.config.budget.time_budget_s:
+        return None
+    return max(0, int(search_budget_s(prepared) // trial_cost(prepared).typical_s))
+
+
 def dtype_warning(prepared: PreparedSearch) -> str | None:
     """A warning when a user's model will run in a half-precision dtype that this CPU only emulates (vLLM on CPU
     runs bfloat16 and float32 models in bfloat16, float16 ones in float16)."""
@@ -475,9 +483,13 @@ def confirm_line(prepared: PreparedSearch) -> str:
         + f", about {cost.measurement_s:.0f}s each, {cost.total_s / 60:.1f} min)"
     )
     if config.budget.time_budget_s:
+        trials = search_trials_in_budget(prepared) or 0
         line += (
             f"; of the {round(config.budget.time_budget_s / 60, 1):g} min budget, the search gets "
-            f"{search_budget_s(prepared) / 60:.1f} min and the confirmation the rest"
+            f"{search_budget_s(prepared) / 60:.1f} min (about {trials} of its {config.budget.num_samples} trials "
+            "at the estimate"
+            + ("; possibly the baseline alone, with nothing to confirm against it" if trials < 2 else "")
+            + ") and the confirmation the rest"
         )
     return line
 

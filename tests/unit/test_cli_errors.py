@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -130,7 +131,7 @@ def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
     )
     assert "estimated engine time: about" in out and "when its capacity is near 4x" in out
     assert "confirmation: the best 1 config(s) and the baseline re-measured in 3 interleaved rounds" in out
-    assert "of the 11.5 min budget, the search gets" in out
+    assert re.search(r"of the 11\.5 min budget, the search gets [\d.]+ min \(about \d of its 4 trials", out)
     assert not (tmp_path / "m.db").exists()
     off = CliRunner().invoke(
         main, ["search", "--dry-run", "--no-confirm", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
@@ -154,6 +155,18 @@ def test_a_model_in_half_precision_on_a_cpu_that_emulates_it_is_warned_about(tmp
     assert setup_warnings(prepare(fp32)) == []
     monkeypatch.setattr(tuner.tiny_model, "cpu_has_native_bf16", lambda: True)
     assert setup_warnings(prepare(load_config(overrides={"model.path": str(user)}))) == []
+
+
+def test_the_dry_run_says_how_many_trials_the_budget_leaves_the_search():
+    from tuner.config import load_config
+    from tuner.search import confirm_cost, confirm_line, prepare, trial_cost
+
+    prepared = prepare(load_config())
+    reserve, trial = confirm_cost(prepared).total_s, trial_cost(prepared).typical_s
+    tight = confirm_line(prepare(load_config(overrides={"budget.time_budget_s": reserve + 1.5 * trial})))
+    assert "(about 1 of its 4 trials at the estimate; possibly the baseline alone, with nothing to confirm" in tight
+    roomy = confirm_line(prepare(load_config(overrides={"budget.time_budget_s": reserve + 3.5 * trial})))
+    assert "(about 3 of its 4 trials at the estimate) and the confirmation the rest" in roomy
 
 
 def test_one_confirmation_round_is_refused_it_gives_no_interval(invoke):
