@@ -197,6 +197,8 @@ def print_summary(outcome) -> None:
 
         verdict = confirmation.verdict
         for trial_id, measured in confirmation.measurements.items():
+            if not measured:  # no round ran: the verdict's line below says so
+                continue
             values = ", ".join(
                 (f">= {m.capacity:.3g}" if m.censored else f"{m.capacity:.3g}-{m.hi:.3g}" if m.hi else "0")
                 for m in measured
@@ -205,7 +207,7 @@ def print_summary(outcome) -> None:
             console.print(f"confirmed {trial_id}{role}: {values} rps/accel")
         recommended = "the baseline" if verdict.winner == verdict.baseline else f"trial {verdict.winner}"
         lead = confirmation_lead({"rounds_done": confirmation.rounds_done})
-        console.print(f"{lead}: {verdict.text}; recommended: {recommended}")
+        console.print(f"{lead[0].lower()}{lead[1:]}: {verdict.text}; recommended: {recommended}")
     else:
         console.print("no confirmation phase: the trials above are one measurement each (see the README)")
     console.print(

@@ -203,10 +203,13 @@ def setup_warnings(prepared: PreparedSearch) -> list[str]:
 
 def search_trials_in_budget(prepared: PreparedSearch) -> int | None:
     """About how many typical trials `budget.time_budget_s` leaves the search once the confirmation's
-    estimate is set aside (None without a time budget)."""
-    if not prepared.config.budget.time_budget_s:
+    estimate is set aside, `max_concurrent_trials` at a time (one when unset), at most `num_samples` (None
+    without a time budget)."""
+    budget = prepared.config.budget
+    if not budget.time_budget_s:
         return None
-    return max(0, int(search_budget_s(prepared) // trial_cost(prepared).typical_s))
+    waves = int(search_budget_s(prepared) // trial_cost(prepared).typical_s)
+    return max(0, min(budget.num_samples, waves * (budget.max_concurrent_trials or 1)))
 
 
 def dtype_warning(prepared: PreparedSearch) -> str | None:
@@ -488,7 +491,11 @@ def confirm_line(prepared: PreparedSearch) -> str:
             f"; of the {round(config.budget.time_budget_s / 60, 1):g} min budget, the search gets "
             f"{search_budget_s(prepared) / 60:.1f} min (about {trials} of its {config.budget.num_samples} trials "
             "at the estimate"
-            + ("; possibly the baseline alone, with nothing to confirm against it" if trials < 2 else "")
+            + (
+                "; possibly the baseline alone, with nothing to confirm against it"
+                if trials < 2 <= config.budget.num_samples
+                else ""
+            )
             + ") and the confirmation the rest"
         )
     return line

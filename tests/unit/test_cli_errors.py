@@ -167,6 +167,8 @@ def test_the_dry_run_says_how_many_trials_the_budget_leaves_the_search():
     assert "(about 1 of its 4 trials at the estimate; possibly the baseline alone, with nothing to confirm" in tight
     roomy = confirm_line(prepare(load_config(overrides={"budget.time_budget_s": reserve + 3.5 * trial})))
     assert "(about 3 of its 4 trials at the estimate) and the confirmation the rest" in roomy
+    ample = confirm_line(prepare(load_config(overrides={"budget.time_budget_s": reserve + 10 * trial})))
+    assert "(about 4 of its 4 trials at the estimate) and the confirmation the rest" in ample
 
 
 def test_one_confirmation_round_is_refused_it_gives_no_interval(invoke):

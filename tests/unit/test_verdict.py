@@ -396,6 +396,8 @@ def test_a_baseline_whose_trial_failed_is_never_the_recommendation_the_export_ca
         ({"rounds": 2, "rounds_done": 1}, "Confirmed in 1 paired round against the baseline"),
         ({"rounds": 2, "rounds_done": 2}, "Confirmed in 2 paired rounds against the baseline"),
         ({"rounds": 3}, "Confirmed in 3 paired rounds against the baseline"),  # recorded before rounds_done
+        ({"rounds": 2, "rounds_done": None}, "Not confirmed against the baseline (no paired round ran)"),
+        ({}, "Not confirmed against the baseline (no paired round ran)"),
     ],
 )
 def test_the_export_and_reports_say_the_rounds_the_verdict_rests_on(verdict, lead):
@@ -417,7 +419,7 @@ def test_a_verdict_with_no_round_is_exported_as_not_confirmed(tmp_path):
 
 @pytest.mark.parametrize(
     ("done", "lead"),
-    [(0, "Not confirmed against the baseline (no paired round ran)"), (2, "Confirmed in 2 paired rounds")],
+    [(0, "not confirmed against the baseline (no paired round ran)"), (2, "confirmed in 2 paired rounds")],
 )
 def test_the_search_summary_says_the_rounds_its_verdict_rests_on(capsys, done, lead):
     from types import SimpleNamespace
@@ -433,5 +435,6 @@ def test_the_search_summary_says_the_rounds_its_verdict_rests_on(capsys, done, l
     outcome = SearchOutcome("e", "parent", "sqlite:///x.db", [base], [base], 120.0, base, confirmation=confirmation)
     print_summary(outcome)
     out = capsys.readouterr().out
-    assert f"{lead}" in out and "nothing to confirm; recommended: the baseline" in out
+    assert lead in out and "nothing to confirm; recommended: the baseline" in out
     assert "0 paired rounds" not in out
+    assert ("confirmed base0001 (baseline): 5.3-6.4" in out) == bool(done), "measurements listed only when made"
