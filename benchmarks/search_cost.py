@@ -267,7 +267,6 @@ def record(args: argparse.Namespace) -> None:
     table["meta"]["sessions"].append(
         {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "git": _git(), "todo": len(todo)}
     )
-    began_all = time.monotonic()
     start_local_ray()
     try:
         for done_now, (params, repeat) in enumerate(todo, 1):
@@ -278,7 +277,8 @@ def record(args: argparse.Namespace) -> None:
             entry.update(repeat=repeat, order=len(done) + done_now, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
             table["configs"][name]["repeats"].append(entry)
             _write(path, table)
-            eta = (time.monotonic() - began_all) / done_now * (len(todo) - done_now)
+            walls.append(entry["wall_s"])  # (time spent paused is not a trial's)
+            eta = statistics.fmean(walls) * (len(todo) - done_now)
             print(
                 f"  {METRIC} {entry[METRIC]:.2f} after {len(entry['steps'])} step(s), {entry['wall_s']:.0f}s "
                 f"({entry['status_reason']}); about {eta / 60:.0f} min left",
