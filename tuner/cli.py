@@ -206,8 +206,8 @@ def print_summary(outcome) -> None:
             role = " (baseline)" if trial_id == verdict.baseline else ""
             console.print(f"confirmed {trial_id}{role}: {values} rps/accel")
         recommended = "the baseline" if verdict.winner == verdict.baseline else f"trial {verdict.winner}"
-        lead = confirmation_lead({"rounds_done": confirmation.rounds_done})
-        console.print(f"{lead[0].lower()}{lead[1:]}: {verdict.text}; recommended: {recommended}")
+        lead = confirmation_lead({"rounds_done": confirmation.rounds_done}, capitalized=False)
+        console.print(f"{lead}: {verdict.text}; recommended: {recommended}")
     else:
         console.print("no confirmation phase: the trials above are one measurement each (see the README)")
     console.print(

@@ -164,8 +164,8 @@ def export(
         recommended = (
             "the baseline" if verdict.get("winner") == verdict.get("baseline") else f"trial {verdict.get('winner')}"
         )
-        lead = confirmation_lead(verdict)
-        click.echo(f"{lead[0].lower()}{lead[1:]}: {verdict.get('text')}; recommended: {recommended}")
+        lead = confirmation_lead(verdict, capitalized=False)
+        click.echo(f"{lead}: {verdict.get('text')}; recommended: {recommended}")
     else:
         click.echo("no confirmation phase: the capacity above is one measurement (see the README)")
     plan = json.loads(result.files["best.json"].read_text())["plan"]

@@ -94,13 +94,16 @@ def rounds_done(verdict: Mapping[str, Any]) -> int:
     return int(verdict.get("rounds_done", verdict.get("rounds")) or 0)
 
 
-def confirmation_lead(verdict: Mapping[str, Any]) -> str:
+def confirmation_lead(verdict: Mapping[str, Any], *, capitalized: bool = True) -> str:
     """How a recorded verdict was reached, as the CLI, the export, the report and `report` say it: the paired
-    rounds it rests on, or that none ran."""
+    rounds it rests on, or that none ran (lower case for the CLIs' summary lines)."""
     done = rounds_done(verdict)
-    if done == 0:
-        return "Not confirmed against the baseline (no paired round ran)"
-    return f"Confirmed in {done} paired round{'' if done == 1 else 's'} against the baseline"
+    lead = (
+        "Not confirmed against the baseline (no paired round ran)"
+        if done == 0
+        else f"Confirmed in {done} paired round{'' if done == 1 else 's'} against the baseline"
+    )
+    return lead if capitalized else lead[0].lower() + lead[1:]
 
 
 def compare_latency(
