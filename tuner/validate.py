@@ -52,6 +52,7 @@ FIGURES = (
     "measured_requests",
     "failed_requests",
     *(latency_name(metric, stat) for metric in ("ttft", "tpot", "e2e") for stat in ("p50", "p95")),
+    latency_name("e2e", "mean"),  # the scale-up check's burst by Little's law
 )
 
 
@@ -459,8 +460,21 @@ def validate(
                 outcome.measured.append(measured)
                 progress(f"[{server.stack}] {server.role} at {rate.rps:.3g} requests/s per replica: {_line(measured)}")
     if scale_up_s:
+        at_rate = next(
+            (m for m in outcome.measured if (m.stack, m.role, m.rate) == ("ray-serve", "exported", planned[0])), None
+        )
         outcome.scale_up = _scale_up_check(
-            peer, context, mine, record, out_dir, experiment, planned[0], scale_up_s, prepared.model_path, progress
+            peer,
+            context,
+            mine,
+            record,
+            out_dir,
+            experiment,
+            planned[0],
+            None if at_rate is None else at_rate.figures.get(latency_name("e2e", "mean")),
+            scale_up_s,
+            prepared.model_path,
+            progress,
         )
     outcome.wall_s = time.monotonic() - began
     return outcome
@@ -474,13 +488,14 @@ def _scale_up_check(
     out_dir: Path,
     experiment: str,
     rate: Rate,
+    e2e_mean_s: float | None,
     duration_s: float,
     tokenizer: str,
     progress: Callable[[str], None],
 ) -> dict[str, Any] | None:
     """Does Serve add a replica under a burst, with the exported autoscaling_config? A functional check:
     the app starts at one replica with the exported target (max: the plan's, capped at what fits here),
-    gets `duration_s` of traffic at twice `rate` (what one replica is planned to hold), and the replica
+    gets `duration_s` of traffic at `burst_rate` (more than one replica is set to hold), and the replica
     states Serve reports every 2 s say whether and when a second replica ran. None (and a note in the
     progress) when the export does not autoscale or a second replica cannot fit here."""
     from tuner.serve_stack import replica_timeline, serve_app
@@ -517,14 +532,14 @@ def _scale_up_check(
         f"{mine.autoscaling['min_replicas']}-{mine.autoscaling['max_replicas']}), everything else as exported.{actor}"
     ]
     path.write_text(render_serve_llm(copy, note, app_name=k8s_name(experiment)))
-    burst = 2 * rate.rps
+    burst, basis = burst_rate(rate, autoscaling.get("target_ongoing_requests"), e2e_mean_s)
     port = peer.free_port()
     log = out_dir / "scale-up-replicas.jsonl"
     log.unlink(missing_ok=True)
     progress(
         f"[ray-serve] scale-up check: autoscaling 1-{top} replicas (target_ongoing_requests "
         f"{autoscaling.get('target_ongoing_requests', 'Serve default')}), {duration_s:.0f} s at {burst:.3g} "
-        f"requests/s (twice the {rate.label} rate per replica) on 127.0.0.1:{port}"
+        f"requests/s ({basis}) on 127.0.0.1:{port}"
         + ("; the replica actor asks for 0 CPUs so that two replicas fit here" if actor_cpus == 0 else "")
     )
     trace = out_dir / "trace-scale-up.jsonl"
@@ -584,12 +599,34 @@ def _scale_up_check(
         "autoscaling_config": autoscaling,
         "replica_actor_cpus": actor_cpus,
         "burst_rps": burst,
+        "burst_basis": basis,
         "burst_s": duration_s,
         "requests": len(offsets),
         "failed_requests": failed,
         "timeline": [{"t_s": round(t, 1), "running": _running(d), "replicas": _replicas(d)} for t, d in timeline],
         "text": text,
     }
+
+
+def burst_rate(rate: Rate, target_ongoing: float | None, e2e_mean_s: float | None) -> tuple[float, str]:
+    """The scale-up check's burst, requests/s, and why: enough to keep about twice `target_ongoing` requests in
+    flight on one replica by Little's law (rate = in flight / mean E2E, at the mean E2E the exported config
+    measured at `rate` on Serve: a lower bound, since latency only grows with load), and at least twice
+    `rate`. Twice the rate alone is not enough where the rate is well below what a replica holds: its
+    requests finish so fast that fewer than the target are in flight, and Serve rightly adds nothing."""
+    twice = 2 * rate.rps
+    if not target_ongoing or not e2e_mean_s or e2e_mean_s <= 0:
+        return twice, f"twice the {rate.label} rate per replica"
+    little = round(2 * float(target_ongoing) / e2e_mean_s, 2)
+    if little <= twice:
+        return twice, (
+            f"twice the {rate.label} rate per replica: at least {twice * e2e_mean_s:.2g} in flight by Little's law, "
+            f"against the target's {float(target_ongoing):g}"
+        )
+    return little, (
+        f"Little's law: twice the target's {float(target_ongoing):g} in flight at the {e2e_mean_s:.2g} s mean E2E "
+        f"measured at the {rate.label} rate; twice that rate, {twice:.3g}/s, would keep only {twice * e2e_mean_s:.2g}"
+    )
 
 
 def _running(deployments: Mapping[str, Mapping[str, int]]) -> int:

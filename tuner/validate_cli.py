@@ -56,7 +56,8 @@ from tuner.validate import DEFAULT_HEADROOM, STACKS
     default=0,
     show_default=True,
     help="Ray Serve only: also check that the exported autoscaling adds a replica under this many seconds of "
-    "traffic at twice the planned rate per replica (0 = off; at least 60).",
+    "traffic keeping twice its target_ongoing_requests in flight on one replica, at least twice the first rate "
+    "(0 = off; at least 60).",
 )
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for the files.")
 def validate(

@@ -91,6 +91,24 @@ def _record(verdict: dict | None) -> SearchRecord:
     return SearchRecord("e", "p", "u", "ttft:p95<1s", (), verdict=verdict or {})
 
 
+def test_the_scale_up_burst_keeps_twice_the_target_in_flight_by_littles_law():
+    from tuner.validate import burst_rate
+
+    # CI's run: 1.5/s per replica, target 1.7, and requests that finish in ~0.45 s on a fast machine: twice the
+    # rate keeps ~1.35 in flight, under the target, and Serve (rightly) added nothing. The burst is sized instead.
+    rps, basis = burst_rate(Rate("r1", 1.5), 1.7, 0.45)
+    assert rps == pytest.approx(7.56) and basis.startswith("Little's law: twice the target's 1.7 in flight"), basis
+    assert "twice that rate, 3/s, would keep only 1.4" in basis
+    # Slow requests: twice the rate already keeps more than twice the target in flight.
+    assert burst_rate(Rate("planned", 4.0), 1.7, 1.2) == (
+        8.0,
+        "twice the planned rate per replica: at least 9.6 in flight by Little's law, against the target's 1.7",
+    )
+    # No target in the export (Serve's default) or no latency measured: twice the rate.
+    assert burst_rate(Rate("r1", 1.5), None, 0.45) == (3.0, "twice the r1 rate per replica")
+    assert burst_rate(Rate("r1", 1.5), 1.7, None) == (3.0, "twice the r1 rate per replica")
+
+
 def test_the_planning_capacity_is_the_lowest_confirmation_measurement():
     trial = TrialRow("w", "r", "completed", metrics={"capacity_rps_per_accel": 9.0})
     rounds = [{"capacity_rps_per_accel": c} for c in (7.5, 6.0, 8.0)]
