@@ -419,6 +419,26 @@ def test_a_verdict_with_no_round_is_exported_as_not_confirmed(tmp_path):
 
 @pytest.mark.parametrize(
     ("done", "lead"),
+    [
+        (0, "not confirmed against the baseline (no paired round ran)"),
+        (3, "confirmed in 3 paired rounds against the baseline"),
+    ],
+)
+def test_the_export_command_says_the_rounds_its_verdict_rests_on(tmp_path, done, lead):
+    from click.testing import CliRunner
+    from unit.test_export import _verdict, build_store, cli, standard_trials
+
+    verdict = {**_verdict("win00002"), "rounds_done": done}
+    uri = build_store(tmp_path, "exported", standard_trials(), verdict=verdict)
+    argv = ["export", "--experiment", "exported", "--tracking-uri", uri, "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(cli(), argv)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "recommended: " in line)
+    assert line == f"{lead}: x1.90 the baseline's capacity (95% CI 1.50-2.40); recommended: trial win00002"
+
+
+@pytest.mark.parametrize(
+    ("done", "lead"),
     [(0, "not confirmed against the baseline (no paired round ran)"), (2, "confirmed in 2 paired rounds")],
 )
 def test_the_search_summary_says_the_rounds_its_verdict_rests_on(capsys, done, lead):
