@@ -11,7 +11,8 @@ table, once per seed, and judges two ways of spending the same engine time B aga
   its last step that ended in time (Tune's `time_budget_s` stops the running trial and keeps what it
   reported); the pick is the tool's (`tuner.selection.pick_trial`, max-capacity);
 - **search + confirmation**: the same search until B - C is spent, C the tool's reserve for the
-  confirmation ((finalists + 1) x rounds x its estimate of one re-measurement, tuner.search.confirm_cost),
+  confirmation ((finalists + 1) x rounds x its estimate of one re-measurement, tuner.search.confirm_cost,
+  + tuner.confirm.RESERVE_MARGIN),
   then the tool's confirmation on the trials that ran: its finalists (tuner.confirm.finalists), its
   rotated rounds, its deadline rule (a round starts only if it ends within B) and its verdict
   (tuner.verdict.decide: a finalist displaces the baseline only when its interval excludes 1). A
@@ -264,7 +265,7 @@ def _paired(table: Table, confirmed: list[Outcome], alone: list[Outcome]) -> dic
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tuner.confirm import REPEATABILITY_CV
+    from tuner.confirm import REPEATABILITY_CV, ConfirmCost
     from tuner.search import startup_trials
     from tuner.verdict import rounds_for
 
@@ -282,7 +283,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for count in args.finalists:
         rule = rounds_for(cv=REPEATABILITY_CV, resolution=resolution, finalists=count)
         for rounds in sorted({rule, *(args.rounds or ())}):
-            reserve = (count + 1) * rounds * estimate_s
+            reserve = ConfirmCost(estimate_s, (count + 1) * rounds).reserve_s
             settings.append((f"{count} finalist(s) x {rounds} rounds", count, rounds, reserve))
     print(
         f"{table.meta['workload']}: {len(table.configs)} configs, best mean {METRIC} {table.best:.2f}, "

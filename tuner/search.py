@@ -24,7 +24,7 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from tuner import __version__
 from tuner.capacity import Phase
 from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
-from tuner.confirm import ConfirmCost, ConfirmOutcome, run_confirmation
+from tuner.confirm import RESERVE_MARGIN, ConfirmCost, ConfirmOutcome, run_confirmation
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
 from tuner.plan import rate_profile
@@ -181,7 +181,7 @@ def prepare(
 
 
 def _check_budget(prepared: PreparedSearch) -> None:
-    """A time budget must leave the trials time after the confirmation phase's estimate."""
+    """A time budget must leave the trials time after the confirmation phase's reserve."""
     config = prepared.config
     if not config.budget.time_budget_s or not config.confirm_rounds():
         return
@@ -190,7 +190,8 @@ def _check_budget(prepared: PreparedSearch) -> None:
         cost = confirm_cost(prepared)
         raise ConfigError(
             f"budget.time_budget_s: {config.budget.time_budget_s:g}s leaves {max(left, 0):.0f}s for the search after "
-            f"the confirmation's estimated {cost.total_s:.0f}s ({cost.measurements} measurements), less than one "
+            f"the confirmation's reserve of {cost.reserve_s:.0f}s ({cost.measurements} measurements of about "
+            f"{cost.measurement_s:.0f}s, +{RESERVE_MARGIN - 1:.0%}), less than one "
             f"trial ({trial_cost(prepared).typical_s:.0f}s); raise it, lower confirm.rounds, or pass --no-confirm"
         )
 
@@ -203,7 +204,7 @@ def setup_warnings(prepared: PreparedSearch) -> list[str]:
 
 def search_trials_in_budget(prepared: PreparedSearch) -> int | None:
     """About how many typical trials `budget.time_budget_s` leaves the search once the confirmation's
-    estimate is set aside, `max_concurrent_trials` at a time (one when unset), at most `num_samples` (None
+    reserve is set aside, `max_concurrent_trials` at a time (one when unset), at most `num_samples` (None
     without a time budget)."""
     budget = prepared.config.budget
     if not budget.time_budget_s:
@@ -483,7 +484,8 @@ def confirm_line(prepared: PreparedSearch) -> str:
         f"confirmation: the best {config.confirm.finalists} config(s) and the baseline re-measured in {rounds} "
         f"interleaved rounds ({cost.measurements} capacity searches warm-started from each config's bracket"
         + (", each after a step at the reference load for latency intervals" if config.confirm.reference_step else "")
-        + f", about {cost.measurement_s:.0f}s each, {cost.total_s / 60:.1f} min)"
+        + f", about {cost.measurement_s:.0f}s each; {cost.reserve_s / 60:.1f} min set aside: the estimate "
+        f"+{RESERVE_MARGIN - 1:.0%} so that the planned rounds fit)"
     )
     if config.budget.time_budget_s:
         trials = search_trials_in_budget(prepared) or 0
@@ -505,22 +507,22 @@ def confirm_cost(prepared: PreparedSearch) -> ConfirmCost:
     """Engine time of the confirmation phase: each measurement is a warm-started capacity search of about
     three steps (a pass at the trial's capacity, a failure at its bracket's top, often a climb or a
     refinement between) at the typical trial's load, and one step at the reference load first with
-    `confirm.reference_step`. (Measured in the embedded demo on a fresh clone: 63-86 s, mean 75 s, over 4
-    measurements; two and a half steps estimated 71 s, and the third round did not fit the budget.)"""
+    `confirm.reference_step`. (Measured in the embedded demo on fresh clones: 63-86 s over 4 measurements
+    against an estimate of 71 s, and 67-104 s against 78 s; the reserve adds confirm.RESERVE_MARGIN.)"""
     config = prepared.config
     cost = trial_cost(prepared)
     measurement = _START_S + _TEARDOWN_S + 3 * _step_s(prepared, cost.typical_factor * 1.5)
     if config.confirm.reference_step:
         measurement += _step_s(prepared, 1.0)
     count = (config.confirm.finalists + 1) * config.confirm_rounds()
-    return ConfirmCost(measurement, measurement * count, count)
+    return ConfirmCost(measurement, count)
 
 
 def search_budget_s(prepared: PreparedSearch) -> float:
-    """The part of `budget.time_budget_s` left to the trials once the confirmation's estimate is set aside."""
+    """The part of `budget.time_budget_s` left to the trials once the confirmation's reserve is set aside."""
     config = prepared.config
     assert config.budget.time_budget_s is not None
-    reserve = confirm_cost(prepared).total_s if config.confirm_rounds() else 0.0
+    reserve = confirm_cost(prepared).reserve_s if config.confirm_rounds() else 0.0
     return config.budget.time_budget_s - reserve
 
 
@@ -820,7 +822,7 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=config.budget.num_samples,
-            # The trials get what the budget leaves after the confirmation's estimate and the start-up so far.
+            # The trials get what the budget leaves after the confirmation's reserve and the start-up so far.
             time_budget_s=(
                 max(1.0, search_budget_s(prepared) - (time.monotonic() - started))
                 if config.budget.time_budget_s

@@ -130,7 +130,8 @@ def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
         "or 10s of them" in out
     )
     assert "estimated engine time: about" in out and "when its capacity is near 4x" in out
-    assert "confirmation: the best 1 config(s) and the baseline re-measured in 3 interleaved rounds" in out
+    assert "confirmation: the best 1 config(s) and the baseline re-measured in 2 interleaved rounds" in out
+    assert re.search(r"about \d+s each; [\d.]+ min set aside: the estimate \+25% so that the planned rounds fit", out)
     assert re.search(r"of the 11\.5 min budget, the search gets [\d.]+ min \(about \d of its 4 trials", out)
     assert not (tmp_path / "m.db").exists()
     off = CliRunner().invoke(
@@ -162,7 +163,7 @@ def test_the_dry_run_says_how_many_trials_the_budget_leaves_the_search():
     from tuner.search import confirm_cost, confirm_line, prepare, trial_cost
 
     prepared = prepare(load_config())
-    reserve, trial = confirm_cost(prepared).total_s, trial_cost(prepared).typical_s
+    reserve, trial = confirm_cost(prepared).reserve_s, trial_cost(prepared).typical_s
     tight = confirm_line(prepare(load_config(overrides={"budget.time_budget_s": reserve + 1.5 * trial})))
     assert "(about 1 of its 4 trials at the estimate; possibly the baseline alone, with nothing to confirm" in tight
     roomy = confirm_line(prepare(load_config(overrides={"budget.time_budget_s": reserve + 3.5 * trial})))

@@ -125,7 +125,7 @@ def test_confirmation_keeps_the_baseline_when_nothing_beats_it(tmp_path):
 
 def test_a_clear_winner_found_by_the_search_is_confirmed_and_a_budget_too_small_is_refused(tmp_path):
     """One config at 3x the rest: a search long enough to find it picks it, with or without confirmation,
-    and the verdict displaces the baseline; a budget the confirmation's reserve (2 x 3 x 70 s) leaves no
+    and the verdict displaces the baseline; a budget the confirmation's reserve (2 x 3 x 70 s, +25%) leaves no
     trial of is refused, as the tool refuses it."""
 
     def truth(p):

@@ -356,6 +356,46 @@ def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
     assert any("allowed 1 of 4" in note for note in outcome.notes)
 
 
+def test_the_reserve_holds_every_planned_round_when_measurements_run_over_their_estimate(monkeypatch):
+    """The embedded demo's measurements on a fresh clone (2026-12-02): 104, 78, 98 and 67 s against an estimate
+    of 78 s. The confirmation starts with the search's reserve left: at the estimate alone (6 x 78 s) the third
+    round would not start; the reserve with its margin holds all three."""
+    import types
+
+    import tuner.confirm
+    from tuner.confirm import ConfirmCost
+
+    clock = [0.0]
+    monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    durations = iter([104.0, 78.0, 98.0, 67.0, 104.0, 104.0])
+    base, winner = _outcome("base", 10, 20), _outcome("fast", 20, 40)
+
+    def measure(context, params, trial_id):
+        clock[0] += next(durations)
+        return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
+
+    cost = ConfirmCost(78.0, 6)
+
+    def confirm(reserve_s: float):
+        clock[0] = 0.0
+        return run_confirmation(
+            context=_context_stub(),
+            trials=[base, winner],
+            baseline=base,
+            count=1,
+            rounds=3,
+            resolution=0.1,
+            measure=measure,
+            deadline=reserve_s,
+            measurement_s=cost.measurement_s,
+            progress=lambda line: None,
+        )
+
+    assert confirm(cost.reserve_s).rounds_done == 3
+    durations = iter([104.0, 78.0, 98.0, 67.0])
+    assert confirm(6 * 78.0).rounds_done == 2  # the bare estimate: what the demo ran
+
+
 def _context_stub():
     from test_trial_runner import _context
 
