@@ -253,6 +253,8 @@ class Verdict:
         if self.winner == self.baseline:
             if self.best.ratio is not None and self.best.ratio < 1 and self.best.distinguishable:
                 return f"the baseline wins: the best finalist is {self.best.text}"
+            if self.best.rounds < 2:  # no interval: nothing was measured either way
+                return f"{self.best.text}; the baseline stays, as nothing was shown to beat it"
             return f"{self.best.text}; vLLM's defaults are fine for this traffic"
         ties = f"; tied with {', '.join(self.tied_with)} (tie rule: {TIE_RULE})" if self.tied_with else ""
         return self.best.text + ties

@@ -354,6 +354,10 @@ def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
     assert outcome.rounds_done == 1
     assert not outcome.verdict.distinguishable and outcome.verdict.winner == "base"
     assert any("allowed 1 of 4" in note for note in outcome.notes)
+    # One round is no evidence either way: the baseline stays, and the verdict does not call it "fine".
+    assert outcome.verdict.text == (
+        "1 confirmation round(s): too few for an interval; the baseline stays, as nothing was shown to beat it"
+    )
 
 
 def test_the_reserve_holds_every_planned_round_when_measurements_run_over_their_estimate(monkeypatch):
