@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from trainables.trial import TrialContext
 
 # Measured repeatability of one capacity (coefficient of variation over repeats with a fresh engine each
-# time, full settings; docs/benchmarks.md "Repeatability"): what the default number of rounds rests on.
+# time, full settings, on the earlier machine; docs/benchmarks.md "Repeatability"): what the default number
+# of rounds rests on. This machine measured a CV of 32.6% on 2026-12-03 (demo settings, its speed drifting
+# by the hour): the verdict's interval takes the spread its rounds show, so it stays valid, with less power.
 REPEATABILITY_CV = 0.049
 
 
@@ -89,7 +91,7 @@ def schedule(configs: Sequence[str], rounds: int) -> list[list[str]]:
 # estimate. At the estimate itself the last planned round never fitted: in the embedded demo (2026-12-02, a
 # fresh clone) 4 measurements took 67-104 s against an estimate of 78 (mean 1.11x) and the search's end
 # another 32 s, so 2 of 3 rounds ran; replayed on the bundled search-cost table (benchmarks/confirmation.py,
-# 100 seeds per budget) every budget ran 2 of 3 rounds, 4 of 5, or 4.9 of 6.
+# 100 seeds per budget) the budgets ran 2 of 3 rounds (2.8 once), 4 of 5, or 4.9-5.0 of 6.
 RESERVE_MARGIN = 1.25
 
 
