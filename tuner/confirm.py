@@ -88,10 +88,10 @@ def schedule(configs: Sequence[str], rounds: int) -> list[list[str]]:
 
 
 # The time budget's reserve for the confirmation holds its planned measurements at this multiple of their
-# estimate. At the estimate itself the last planned round never fitted: in the embedded demo (2026-12-02, a
-# fresh clone) 4 measurements took 67-104 s against an estimate of 78 (mean 1.11x) and the search's end
-# another 32 s, so 2 of 3 rounds ran; replayed on the bundled search-cost table (benchmarks/confirmation.py,
-# 100 seeds per budget) the budgets ran 2 of 3 rounds (2.8 once), 4 of 5, or 4.9-5.0 of 6.
+# estimate. At the estimate itself the last planned round hardly ever fitted: in the embedded demo (2026-12-02,
+# a fresh clone) 4 measurements took 67-104 s against an estimate of 78 (mean 1.11x), so 2 of 3 rounds ran;
+# replayed on the bundled search-cost table (benchmarks/confirmation.py, 100 seeds per budget) the budgets
+# ran 2 of 3 rounds (2.8 once), 4 of 5, or 4.9-5.0 of 6.
 RESERVE_MARGIN = 1.25
 
 
