@@ -367,6 +367,32 @@ class Table:
                 f"run `record --workload {self.meta['workload']}` again"
             )
 
+    def drift(self) -> dict[str, Any] | None:
+        """How much of the repeats' spread follows the machine rather than the config: each trial's log
+        capacity less its config's mean, against the trial's engine start time (a probe of the shared host's
+        speed of the moment: a slow hour starts engines slowly too). None with fewer than 8 such trials."""
+        from scipy.stats import spearmanr
+
+        residuals, starts, squares, dof = [], [], 0.0, 0
+        for c in self.configs.values():
+            entries = [e for e in c["repeats"] if e[METRIC] > 0]
+            if len(entries) < 2:
+                continue
+            logs = [math.log(e[METRIC]) for e in entries]
+            mean = statistics.fmean(logs)
+            residuals += [x - mean for x in logs]
+            starts += [float(e["start_s"]) for e in entries]
+            squares, dof = squares + sum((x - mean) ** 2 for x in logs), dof + len(logs) - 1
+        if len(residuals) < 8:
+            return None
+        rho, p = spearmanr(residuals, starts) if len(set(starts)) > 1 else (math.nan, math.nan)
+        return {
+            "trials": len(residuals),
+            "pooled_sd_log_capacity": round(math.sqrt(squares / dof), 4),
+            "spearman_residual_vs_engine_start": None if math.isnan(rho) else round(float(rho), 3),
+            "p_value": None if math.isnan(p) else float(f"{p:.2g}"),
+        }
+
     def summary(self) -> dict[str, Any]:
         best_repeats = [e[METRIC] for e in self.configs[self.best_key]["repeats"]]
         return {
@@ -381,6 +407,7 @@ class Table:
             "best_config_relative_range": round(self.spreads.get(self.best_key, 0.0), 4),
             "best_config_repeats": best_repeats,
             "tolerance": round(self.tolerance, 4),
+            "drift": self.drift(),
             "threshold": round(self.threshold, 3),
             "best_set": [
                 {

@@ -156,3 +156,31 @@ def test_search_cost_replay_of_grid_order_stops_at_the_best_config(tmp_path):
     cheapest = sum(min(e["wall_s"] for e in c["repeats"]) for c in list(table.configs.values())[:21])
     assert result["engine_s"] >= cheapest
     assert search_cost.simulate(table, setup, "grid", seed=0, max_trials=20)["reached"] is False
+
+
+def test_the_table_says_how_much_of_its_spread_follows_the_machines_speed(tmp_path):
+    """A slow hour starts engines slowly and lowers every capacity measured in it: a table whose repeats
+    scale with the host's speed shows a strong negative rank correlation with engine start time; one whose
+    noise is the config's own shows none to speak of."""
+    rng = random.Random(3)
+    setup = search_cost._setup()
+    names = list(setup.space.tunable)
+
+    def table(drifting: bool) -> search_cost.Table:
+        configs = {}
+        for point in search_cost.grid_points(setup.space):
+            repeats = []
+            for _ in range(3):
+                start = rng.uniform(30.0, 45.0)
+                speed = 35.0 / start if drifting else rng.lognormvariate(0, 0.1)
+                entry = _entry(point, 20.0 * speed, rng)
+                entry["start_s"] = start
+                repeats.append(entry)
+            configs[search_cost.key(point, names)] = {"params": point, "repeats": repeats}
+        return search_cost.Table({"meta": {"tunable": names}, "configs": configs}, tmp_path / "t.json")
+
+    drifting, steady = table(True).drift(), table(False).drift()
+    assert drifting is not None and steady is not None and drifting["trials"] == steady["trials"] == 96
+    assert drifting["spearman_residual_vs_engine_start"] < -0.8 and drifting["p_value"] < 1e-6
+    assert abs(steady["spearman_residual_vs_engine_start"]) < 0.3
+    assert 0.05 < steady["pooled_sd_log_capacity"] < 0.2
