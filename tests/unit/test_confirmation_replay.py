@@ -184,3 +184,12 @@ def test_the_table_says_how_much_of_its_spread_follows_the_machines_speed(tmp_pa
     assert drifting["spearman_residual_vs_engine_start"] < -0.8 and drifting["p_value"] < 1e-6
     assert abs(steady["spearman_residual_vs_engine_start"]) < 0.3
     assert 0.05 < steady["pooled_sd_log_capacity"] < 0.2
+
+
+def test_record_sets_aside_a_trial_whose_engine_start_says_the_host_ran_slow():
+    entry = {"start_s": 53.6}
+    assert search_cost.slow_host(entry, None) is None, "no limit given: every trial is kept"
+    assert search_cost.slow_host(entry, 60.0) is None and search_cost.slow_host({"start_s": 47.0}, 47.0) is None
+    assert search_cost.slow_host(entry, 47.0) == (
+        "recorded while the host ran slow: engine start 53.6 s over --max-start-s 47"
+    )
