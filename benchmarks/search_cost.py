@@ -288,8 +288,11 @@ def record(args: argparse.Namespace) -> None:
                 if why is None:
                     break
                 table["meta"].setdefault("removed", []).append(
-                    {"config": name, **{k: entry[k] for k in ("repeat", "order", "recorded_at", METRIC, "start_s")}}
-                    | {"why": why}
+                    {
+                        "config": name,
+                        **{k: entry[k] for k in ("repeat", "order", "recorded_at", METRIC, "start_s")},
+                        "why": why,
+                    }
                 )
                 _write(path, table)
                 print(f"  {why}: not kept; running it again in {args.slow_wait_s:.0f}s", flush=True)

@@ -468,13 +468,13 @@ def validate(
             context,
             mine,
             record,
-            out_dir,
-            experiment,
-            planned[0],
-            None if at_rate is None else at_rate.figures.get(latency_name("e2e", "mean")),
-            scale_up_s,
-            prepared.model_path,
-            progress,
+            out_dir=out_dir,
+            experiment=experiment,
+            rate=planned[0],
+            e2e_mean_s=None if at_rate is None else at_rate.figures.get(latency_name("e2e", "mean")),
+            duration_s=scale_up_s,
+            tokenizer=prepared.model_path,
+            progress=progress,
         )
     outcome.wall_s = time.monotonic() - began
     return outcome
@@ -485,6 +485,7 @@ def _scale_up_check(
     context,
     mine,
     record,
+    *,
     out_dir: Path,
     experiment: str,
     rate: Rate,
