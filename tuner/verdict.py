@@ -122,7 +122,8 @@ def compare_latency(
     ]
     n = len(d)
     if n < 2:
-        text = f"{label} at the reference load: {n} paired round(s) measured it, too few for an interval"
+        missing = ", a request failed there in the others" if n < min(len(finalist), len(baseline)) else ""
+        text = f"{label} at the reference load: {n} paired round(s) measured it{missing}, too few for an interval"
         return LatencyComparison(metric, n, confidence, None, None, None, text)
     mean = sum(d) / n
     s = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
@@ -179,7 +180,9 @@ def compare(
     pairs = list(zip(finalist, baseline, strict=True))
     n = len(pairs)
     shown = f"{confidence:.3g}".removeprefix("0.")
-    measured = [m for m in REFERENCE_LATENCIES if any(f.reference.get(m) is not None for f, _ in pairs)]
+    # Measured by either side: a finalist that failed a request at the reference load in every round still
+    # gets its line (no pair, said so), not silence beside the baseline's measured latencies.
+    measured = [m for m in REFERENCE_LATENCIES if any(x.reference.get(m) is not None for pair in pairs for x in pair)]
     latency = tuple(compare_latency(m, finalist, baseline, confidence=confidence) for m in measured)
 
     def no_ratio(text: str, distinguishable: bool = False) -> Comparison:

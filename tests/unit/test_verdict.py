@@ -83,6 +83,15 @@ def test_latencies_at_the_reference_load_get_a_paired_interval_and_a_missing_rou
     assert compare("f", [_m(40, 44)] * 2, [_m(30, 33)] * 2).latency == (), "not measured: nothing said"
 
 
+def test_a_finalist_that_failed_at_the_reference_load_in_every_round_still_gets_a_latency_line():
+    # The baseline measured its latencies there; the finalist failed a request there each round (no value).
+    result = compare("f", [_lat(8, 9, None)] * 2, [_lat(6, 7, 0.4)] * 2)
+    (ttft,) = result.latency
+    assert ttft.metric == "ref_ttft_p95_s" and ttft.pairs == 0 and ttft.ratio is None
+    assert "0 paired round(s) measured it, a request failed there in the others" in ttft.text
+    assert result.as_dict()["reference_latency"][0]["pairs"] == 0
+
+
 def test_one_round_gives_no_interval():
     result = compare("f", [_m(40, 44)], [_m(30, 33)])
     assert not result.distinguishable and result.ci_low is None
