@@ -106,6 +106,42 @@ def within(trials: list[Evaluation], budget: float) -> tuple[list[Ran], float]:
     return ran, spent
 
 
+def within_reserve(trials: list[Evaluation], reserve: Any) -> tuple[list[Ran], float]:
+    """What the tool's `ReserveStopper` lets run of `trials`: each step's result is fed to `reserve` (a
+    tuner.confirm.ConfirmReserve on a clock of engine seconds from 0) when the step ends, and the search ends
+    at the first moment the reserve says to stop (at once when a step's result moves its line behind that
+    step); the trial running then keeps its steps that ended in time (as in `within`), and one stopped in its
+    teardown keeps them all."""
+    ran: list[Ran] = []
+    spent = 0.0
+    for e in trials:
+        if spent >= reserve.stop_at():
+            break
+        steps = e.entry["steps"][: e.steps]
+        last = len(e.entry["steps"]) - 1
+        done: list[dict[str, Any]] = []
+        now, cut = spent, None
+        for i, s in enumerate(steps):
+            if reserve.stop_at() < spent + float(s["t_end_s"]):
+                cut = max(reserve.stop_at(), now)
+                break
+            done.append(s)
+            now = spent + float(s["t_end_s"])
+            result = {**s, "engine_start_s": e.entry["start_s"], "config": e.params, "done": i == last}
+            reserve.observe(f"t{e.number}", result)
+        else:
+            if reserve.stop_at() < spent + e.cost:  # stopped in its teardown: every result is in
+                cut = max(reserve.stop_at(), now)
+        if len(done) == len(steps):
+            ran.append(Ran(e, e.value, e.cost if cut is None else cut - spent, steps[-1], True))
+        elif done:
+            ran.append(Ran(e, float(done[-1][METRIC]), cut - spent, done[-1], False))
+        spent = spent + e.cost if cut is None else cut
+        if cut is not None:
+            break
+    return ran, spent
+
+
 def row(r: Ran):
     """The trial as the tool's readers see it (tuner.recorded.TrialRow)."""
     from tuner.recorded import TrialRow
@@ -220,6 +256,7 @@ class Outcome:
     trials: int
     rounds: int = 0
     distinguishable: bool = False
+    estimate_s: float | None = None  # one re-measurement as the reserve last estimated it
 
 
 def _right(table: Table, o: Outcome) -> bool:
@@ -245,6 +282,11 @@ def _arm(table: Table, outcomes: list[Outcome], baseline: str) -> dict[str, Any]
         "trials_mean": round(statistics.fmean(o.trials for o in outcomes), 2),
         "rounds_mean": round(statistics.fmean(o.rounds for o in outcomes), 2),
         "distinguishable": sum(o.distinguishable for o in outcomes),
+        **(
+            {"measurement_estimate_s_mean": round(statistics.fmean(estimates), 1)}
+            if (estimates := [o.estimate_s for o in outcomes if o.estimate_s is not None])
+            else {}
+        ),
     }
 
 
@@ -265,8 +307,8 @@ def _paired(table: Table, confirmed: list[Outcome], alone: list[Outcome]) -> dic
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tuner.confirm import REPEATABILITY_CV, ConfirmCost
-    from tuner.search import startup_trials
+    from tuner.confirm import REPEATABILITY_CV, ConfirmCost, ConfirmReserve
+    from tuner.search import _TEARDOWN_S, startup_trials
     from tuner.verdict import rounds_for
 
     setup = _setup()
@@ -284,7 +326,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rule = rounds_for(cv=REPEATABILITY_CV, resolution=resolution, finalists=count)
         for rounds in sorted({rule, *(args.rounds or ())}):
             reserve = ConfirmCost(estimate_s, (count + 1) * rounds).reserve_s
-            settings.append((f"{count} finalist(s) x {rounds} rounds", count, rounds, reserve))
+            for adaptive in (False, True):
+                name = f"{count} finalist(s) x {rounds} rounds" + (", adaptive reserve" if adaptive else "")
+                settings.append((name, count, rounds, reserve, adaptive))
     print(
         f"{table.meta['workload']}: {len(table.configs)} configs, best mean {METRIC} {table.best:.2f}, "
         f"{len(table.best_set)} in the best set (tolerance {table.tolerance:.1%}); mean trial {trial_s:.0f} "
@@ -294,7 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     arms = ["search only"] + [name for name, *_ in settings]
     outcomes: dict[str, dict[float, list[Outcome]]] = {a: {b: [] for b in budgets} for a in arms}
-    refused = {name: [b for b in budgets if b - reserve < trial_s] for name, _, _, reserve in settings}
+    refused = {name: [b for b in budgets if b - reserve < trial_s] for name, _, _, reserve, _ in settings}
     baseline = ""
     began = time.monotonic()
     for seed in range(args.seeds):
@@ -316,10 +360,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             picked = pick_search_only(rows)
             pick = key(picked.params, table.names) if picked is not None else None
             outcomes["search only"][budget].append(Outcome(pick, used, len(ran)))
-            for name, count, rounds, reserve in settings:
+            for name, count, rounds, reserve, adaptive in settings:
                 if budget in refused[name]:
                     continue
-                ran, used = within(run_trials, budget - reserve)
+                estimate = estimate_s
+                if adaptive:  # the tool's ReserveStopper; the estimate with the replay's own cost model
+                    # (`measurement_cost`: no step at the reference load)
+                    follow = ConfirmReserve(
+                        ConfirmCost(estimate_s, (count + 1) * rounds),
+                        rounds=rounds,
+                        deadline=budget,
+                        finalists=count,
+                        baseline=run_trials[0].params,
+                        reference_step=False,
+                        teardown_s=_TEARDOWN_S,
+                        progress=lambda line: None,
+                    )
+                    ran, used = within_reserve(run_trials, follow)
+                    estimate = follow.cost().measurement_s
+                else:
+                    ran, used = within(run_trials, budget - reserve)
                 rows = [row(r) for r in ran]
                 if not rows:
                     outcomes[name][budget].append(Outcome(None, used, 0))
@@ -332,10 +392,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     seed=seed,
                     spent=used,
                     budget=budget,
-                    estimate_s=estimate_s,
+                    estimate_s=estimate,
                 )
                 outcomes[name][budget].append(
-                    Outcome(key(winner.params, table.names), used + cost, len(ran), done, sure)
+                    Outcome(
+                        key(winner.params, table.names),
+                        used + cost,
+                        len(ran),
+                        done,
+                        sure,
+                        estimate if adaptive else None,
+                    )
                 )
         if (seed + 1) % 10 == 0:
             print(f"  {seed + 1}/{args.seeds} seeds, {time.monotonic() - began:.0f}s", flush=True)
@@ -361,6 +428,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"{r['trials_mean']:.1f} trials + {r['rounds_mean']:.1f} rounds, {r['engine_s_mean'] / 60:.1f} "
                 f"engine-min (max {r['engine_s_max'] / 60:.1f})"
                 + (
+                    f", a re-measurement re-estimated at {r['measurement_estimate_s_mean']:.0f}s"
+                    if "measurement_estimate_s_mean" in r
+                    else ""
+                )
+                + (
                     f"; vs search only: right only here {r['against_search_only']['right_only_with_confirmation']}, "
                     f"only there {r['against_search_only']['right_only_without']} "
                     f"(McNemar p {r['against_search_only']['mcnemar_exact_p']})"
@@ -381,8 +453,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trial_engine_s_mean": round(trial_s, 1),
         "measurement_estimate_s": round(estimate_s, 1),
         "settings": [
-            {"arm": name, "finalists": n, "rounds": r, "reserved_engine_s": round(c, 1), "resolution": resolution}
-            for name, n, r, c in settings
+            {
+                "arm": name,
+                "finalists": n,
+                "rounds": r,
+                "reserved_engine_s": "re-estimated from the trials as they report (tuner.confirm.ConfirmReserve)"
+                if adaptive
+                else round(c, 1),
+                "resolution": resolution,
+            }
+            for name, n, r, c, adaptive in settings
         ],
         "seeds": args.seeds,
         "definition": "right = the pick is in the table's best set (search_cost.Table); pick_mean_over_best = "

@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.capacity import CapacityPlan
 from tuner.recorded import TrialRow
 from tuner.selection import feasible_trials
+from tuner.space import matches_baseline
 from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
 from tuner.verdict import REFERENCE_LATENCIES, Measurement, Verdict, decide
 from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus
@@ -106,6 +107,161 @@ class ConfirmCost:
     @property
     def reserve_s(self) -> float:
         return self.measurement_s * self.measurements * RESERVE_MARGIN
+
+
+@dataclass
+class TrialTiming:
+    """What one search trial's results say about the cost of re-measuring its config."""
+
+    start_s: float = 0.0  # its pool's engine start
+    walls: list[float] = field(default_factory=list)  # each load step's wall time
+    capacity: float = 0.0  # the capacity it reported last (requests/s per accelerator)
+    baseline: bool = False
+    done: bool = False
+
+
+def remeasurement_s(
+    timings: Sequence[TrialTiming], finalists: int, *, reference_step: bool, teardown_s: float
+) -> float | None:
+    """Engine seconds of one confirmation measurement as the search's trials measured them (None before any
+    trial reported a step).
+
+    A re-measurement is warm-started from the config's bracket: its engine start, about three steps (a pass
+    at the capacity, a failure at the bracket's top, often one more), one more at the reference load first
+    with `reference_step`, and a teardown; a step is taken at the mean wall of the trial's own steps, and a
+    finished trial caps it (a config that failed early re-measures as quickly). The mean is over the configs
+    the confirmation will measure: the `finalists` best trials that passed a load, and the baseline.
+    """
+    reported = [t for t in timings if t.walls]
+    leading = sorted((t for t in reported if t.capacity > 0 and not t.baseline), key=lambda t: -t.capacity)
+    measured = leading[:finalists] + [t for t in reported if t.baseline] or reported
+    if not measured:
+        return None
+    steps = 3 + (1 if reference_step else 0)
+
+    def cost(t: TrialTiming) -> float:
+        warm = t.start_s + teardown_s + steps * sum(t.walls) / len(t.walls)
+        return min(warm, t.start_s + teardown_s + sum(t.walls)) if t.done else warm
+
+    return sum(cost(t) for t in measured) / len(measured)
+
+
+# The fewest rounds whose interval is worth the time: on 2 pairs (1 degree of freedom) a t-interval hardly
+# ever excludes 1 (0 of 400 replayed searches detected a 30% gain with 2 rounds, tests/unit/test_verdict.py).
+USEFUL_ROUNDS = 3
+
+
+class ConfirmReserve:
+    """The time budget's reserve for the confirmation, re-estimated from the search's trials as they report.
+
+    Until a trial has reported a step the reserve is the config's estimate for the planned rounds (`static`,
+    tuner.search.confirm_cost). Then one measurement is taken at `remeasurement_s`, and the reserve is the
+    larger of the config's and what min(planned rounds, USEFUL_ROUNDS) rounds cost at that measured rate,
+    +RESERVE_MARGIN: a host or workload slower than the config suggests holds back more, so that the rounds
+    an interval needs still run, while planned rounds beyond those never take the search's time for more
+    than the config's estimate said (replayed on the recorded tables, holding 5 planned rounds at the
+    measured cost left too few trials: docs/benchmarks.md). A round holds the baseline and the finalists
+    found so far (at most `finalists`): the confirmation measures no more than there are. The search should
+    end (`should_stop`) when the time left is within the reserve and some trial besides the baseline has
+    passed a load (the confirmation then has a finalist to spend it on), and in any case when no time is
+    left.
+    """
+
+    def __init__(
+        self,
+        static: ConfirmCost,
+        *,
+        rounds: int,
+        deadline: float,
+        finalists: int,
+        baseline: Mapping[str, Any],
+        reference_step: bool,
+        teardown_s: float,
+        progress: Callable[[str], None] = print,
+    ) -> None:
+        self.static = static
+        self.rounds = rounds
+        self.deadline = deadline  # time.monotonic() at which the whole budget, confirmation included, is spent
+        self.finalists = finalists
+        self.baseline = dict(baseline)
+        self.reference_step = reference_step
+        self.teardown_s = teardown_s
+        self.progress = progress
+        self.timings: dict[str, TrialTiming] = {}
+        self.ended: str | None = None  # why the search was ended, once it was
+
+    def observe(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        """Take one trial result (a load step) into the estimate."""
+        if "step_wall_s" not in result:
+            return
+        timing = self.timings.setdefault(
+            trial_id, TrialTiming(baseline=matches_baseline(result.get("config") or {}, self.baseline))
+        )
+        timing.start_s = float(result.get("engine_start_s", timing.start_s))
+        timing.walls.append(float(result["step_wall_s"]))
+        timing.capacity = float(result.get("capacity_rps_per_accel", 0.0) or 0.0)
+        timing.done = bool(result.get("done"))
+
+    def cost(self) -> ConfirmCost:
+        """The confirmation's planned measurements at the current estimate of one."""
+        measured = remeasurement_s(
+            list(self.timings.values()), self.finalists, reference_step=self.reference_step, teardown_s=self.teardown_s
+        )
+        return ConfirmCost(measured if measured is not None else self.static.measurement_s, self.static.measurements)
+
+    def reserve_s(self) -> float:
+        """The time held back for the confirmation (the class docstring), for the finalists there are so far."""
+        if not self.timings:
+            return self.static.reserve_s
+        found = sum(t.capacity > 0 and not t.baseline for t in self.timings.values())
+        per_round = 1 + min(self.finalists, max(found, 1))
+        planned = ConfirmCost(self.static.measurement_s, per_round * self.rounds).reserve_s
+        useful = ConfirmCost(self.cost().measurement_s, per_round * min(self.rounds, USEFUL_ROUNDS)).reserve_s
+        return max(planned, useful)
+
+    def should_stop(self, now: float | None = None) -> bool:
+        """Whether the search should end now to leave the confirmation its reserve (says why, once)."""
+        if self.ended is not None:
+            return True
+        now = time.monotonic() if now is None else now
+        if now < self.stop_at():
+            return False
+        self.ended = (
+            f"search ended with {max(self.deadline - now, 0) / 60:.1f} min of the budget left for the "
+            f"confirmation ({self.reserve_s() / 60:.1f} min held back): one measurement {self.describe()}"
+        )
+        self.progress(self.ended)
+        return True
+
+    def stop_at(self) -> float:
+        """When (time.monotonic()) the search should end, as the trials reported so far say: when the time left
+        is the reserve once a trial besides the baseline has passed a load, else when no time is left."""
+        finalist = any(t.capacity > 0 and not t.baseline for t in self.timings.values())
+        return self.deadline - self.reserve_s() if finalist else self.deadline
+
+    def describe(self) -> str:
+        """One measurement's estimate and where it comes from."""
+        estimate = self.cost().measurement_s
+        if not self.timings:
+            return f"about {estimate:.0f}s (the config's estimate; no trial had reported)"
+        return (
+            f"about {estimate:.0f}s (re-estimated from the {len(self.timings)} trial(s) that reported; the "
+            f"config's estimate {self.static.measurement_s:.0f}s)"
+        )
+
+
+_ACTIVE: dict[str, ConfirmReserve] = {}
+
+
+def active_reserve() -> ConfirmReserve | None:
+    """The reserve of the search running in this process (a stopper restored by Ray Tune finds it here)."""
+    return _ACTIVE.get("reserve")
+
+
+def set_active_reserve(reserve: ConfirmReserve | None) -> None:
+    _ACTIVE.pop("reserve", None)
+    if reserve is not None:
+        _ACTIVE["reserve"] = reserve
 
 
 @dataclass

@@ -20,11 +20,20 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+from ray.tune.stopper import Stopper
 
 from tuner import __version__
 from tuner.capacity import Phase
 from tuner.config import BUNDLED_WORKLOAD, REPO_ROOT, SearchConfig
-from tuner.confirm import RESERVE_MARGIN, ConfirmCost, ConfirmOutcome, run_confirmation
+from tuner.confirm import (
+    RESERVE_MARGIN,
+    ConfirmCost,
+    ConfirmOutcome,
+    ConfirmReserve,
+    active_reserve,
+    run_confirmation,
+    set_active_reserve,
+)
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
 from tuner.plan import rate_profile
@@ -498,7 +507,8 @@ def confirm_line(prepared: PreparedSearch) -> str:
                 if trials < 2 <= config.budget.num_samples
                 else ""
             )
-            + ") and the confirmation the rest"
+            + ") and the confirmation the rest; the reserve is re-estimated from the trials' measured times as "
+            "they report, so the split follows the host"
         )
     return line
 
@@ -689,17 +699,38 @@ def _run(
         )
     status = "FINISHED"
     confirmation = None
+    reserve = _reserve(prepared, started, tracker.say)
+    set_active_reserve(reserve)
     try:
         tuner.fit()
         tracker.close_open_runs("the search ended before this trial finished")
-        confirmation = _confirm(prepared, context, tracker, client, parent, started, progress)
+        confirmation = _confirm(prepared, context, tracker, client, parent, started, progress, reserve)
     except BaseException:
         status = "KILLED"
         raise
     finally:
+        set_active_reserve(None)
         tracker.close_open_runs("the search ended before this trial finished")
         outcome = _finish(client, prepared, tracker, parent, started, status, confirmation)
     return outcome
+
+
+def _reserve(prepared: PreparedSearch, started: float, progress: Callable[[str], None]) -> ConfirmReserve | None:
+    """The confirmation's share of the time budget, re-estimated as the trials report (None: no budget or no
+    confirmation)."""
+    config = prepared.config
+    if not config.budget.time_budget_s or not config.confirm_rounds():
+        return None
+    return ConfirmReserve(
+        confirm_cost(prepared),
+        rounds=config.confirm_rounds(),
+        deadline=started + config.budget.time_budget_s,
+        finalists=config.confirm.finalists,
+        baseline=prepared.baseline or {},
+        reference_step=config.confirm.reference_step,
+        teardown_s=_TEARDOWN_S,
+        progress=progress,
+    )
 
 
 def _confirm(
@@ -710,6 +741,7 @@ def _confirm(
     parent: str,
     started: float,
     progress: Callable[[str], None],
+    reserve: ConfirmReserve | None = None,
 ) -> ConfirmOutcome | None:
     """The confirmation phase (tuner.confirm) after the trials, within what is left of the time budget."""
     from trainables.trial import measure_on_ray
@@ -728,6 +760,7 @@ def _confirm(
         f"confirming: the best {config.confirm.finalists} config(s) and the baseline {baseline.trial_id}, "
         f"{rounds} interleaved rounds, each a capacity search warm-started from the config's bracket"
         + (", after a step at the reference load" if config.confirm.reference_step else "")
+        + (f"; each measurement {reserve.describe()}" if reserve is not None else "")
     )
     confirmation = run_confirmation(
         context=context,
@@ -741,7 +774,8 @@ def _confirm(
         experiment=config.name,
         parent_run_id=parent,
         deadline=started + budget if budget else None,
-        measurement_s=confirm_cost(prepared).measurement_s,
+        # the first round's deadline check: what the search's trials say one measurement costs
+        measurement_s=(reserve.cost() if reserve is not None else confirm_cost(prepared)).measurement_s,
         reference_step=config.confirm.reference_step,
         progress=tracker.say,
     )
@@ -822,10 +856,11 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=config.budget.num_samples,
-            # The trials get what the budget leaves after the confirmation's reserve and the start-up so far.
+            # Without a confirmation the trials get what the budget leaves after the start-up so far; with
+            # one, ReserveStopper ends them when the confirmation's re-estimated reserve needs the time left.
             time_budget_s=(
-                max(1.0, search_budget_s(prepared) - (time.monotonic() - started))
-                if config.budget.time_budget_s
+                max(1.0, config.budget.time_budget_s - (time.monotonic() - started))
+                if config.budget.time_budget_s and not config.confirm_rounds()
                 else None
             ),
             max_concurrent_trials=config.budget.max_concurrent_trials,
@@ -837,8 +872,28 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
             callbacks=[tracker.callback],
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=0),
+            stop=ReserveStopper(),
         ),
     )
+
+
+class ReserveStopper(Stopper):
+    """Ends the search when the confirmation's reserve needs the time left (tuner.confirm.ConfirmReserve).
+
+    Stateless, so Ray Tune can save and restore it: it feeds every trial result to the reserve of the search
+    running in this process and asks it whether to stop; without one (no time budget or no confirmation)
+    it never stops anything.
+    """
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        reserve = active_reserve()
+        if reserve is not None:
+            reserve.observe(trial_id, result)
+        return False
+
+    def stop_all(self) -> bool:
+        reserve = active_reserve()
+        return reserve is not None and reserve.should_stop()
 
 
 def startup_trials(num_samples: int) -> int:

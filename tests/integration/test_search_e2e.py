@@ -87,6 +87,8 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     result = run_cli(*args, "--resume", timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "resuming search 'e2e-short'" in result.stdout
+    # The confirmation's reserve followed what the resumed search's trials measured, not the config's estimate.
+    assert "re-estimated from the " in result.stdout.split("confirming: ")[-1].splitlines()[0], result.stdout[-3000:]
     client, parent, trials = _runs(uri, "e2e-short")
 
     # The resume: no duplicates, and the whole budget (a trial Tune had created but not started when the

@@ -110,16 +110,61 @@ def test_within_cuts_the_running_trial_at_its_last_step_that_ended_in_time():
     assert len(ran) == 1 and spent == pytest.approx(entry["wall_s"] + 5)
 
 
+def _reserve(estimate_s: float, deadline: float):
+    from tuner.confirm import ConfirmCost, ConfirmReserve
+
+    return ConfirmReserve(
+        ConfirmCost(estimate_s, 4),
+        rounds=2,
+        deadline=deadline,
+        finalists=1,
+        baseline=BASELINE,
+        reference_step=False,
+        teardown_s=5.0,
+        progress=lambda line: None,
+    )
+
+
+def test_within_reserve_ends_the_search_where_the_re_estimated_reserve_needs_the_time_left():
+    rng = random.Random(1)
+    base = _entry({**BASELINE}, 30.0, rng)  # 4 steps: passes 5.3, 10.6, 21.2; fails 42.4
+    other = _entry({**BASELINE, "max_num_seqs": 8}, 30.0, rng)
+    trials = [
+        search_cost.Evaluation(i, e["params"], e, e[search_cost.METRIC], e["wall_s"], 4)
+        for i, e in enumerate([base, other, other])
+    ]
+    # The baseline alone holds nothing back; the second trial's first pass makes it a finalist, and the
+    # re-estimate (start 30 + teardown 5 + 3 steps of about 11.5 s: about 70 s, x 4 x 1.25 = 350 s) then
+    # needs more than the 300 s budget: the search ends at once, keeping that first step.
+    ran, spent = confirmation.within_reserve(trials, _reserve(40.0, 300.0))
+    assert [r.whole for r in ran] == [True, False] and ran[1].step is other["steps"][0]
+    assert spent == pytest.approx(base["wall_s"] + other["steps"][0]["t_end_s"])
+    # With room for them, three trials run whole (about 79 s each); the fourth is cut where the line falls,
+    # before its first step ends: its time is spent, and it reports nothing.
+    reserve = _reserve(40.0, 600.0)
+    ran, spent = confirmation.within_reserve(trials + trials[1:], reserve)
+    line = 600.0 - reserve.reserve_s()
+    assert [r.whole for r in ran] == [True, True, True] and spent == pytest.approx(line)
+    assert 330 < reserve.reserve_s() < 370 and spent < 600.0
+    # The static rule (`within` at the budget less the config's reserve) knows nothing of the trials.
+    ran, spent = confirmation.within(trials + trials[1:], 600.0 - 200.0)
+    assert len(ran) == 5 and all(r.whole for r in ran) and 390 < spent <= 400.0, "all five, 80 s each"
+
+
 def test_confirmation_keeps_the_baseline_when_nothing_beats_it(tmp_path):
     """Every config the baseline's equal (a flat table): the verdict must keep the baseline nearly always,
     while the search alone crowns whichever config drew the luckiest repeat; both within the budget."""
     out = confirmation.run(_args(_table(tmp_path, lambda p: 20.0)))
     cell = out["budgets_engine_min"]["30"]
     confirmed, alone = cell["1 finalist(s) x 3 rounds"], cell["search only"]
+    adaptive = cell["1 finalist(s) x 3 rounds, adaptive reserve"]
     assert confirmed["baseline_picked"] >= 5 and confirmed["distinguishable"] <= 1
+    assert adaptive["baseline_picked"] >= 5 and adaptive["distinguishable"] <= 1
     assert alone["baseline_picked"] <= 2
-    assert confirmed["rounds_mean"] == 3
-    for arm in (confirmed, alone):
+    assert confirmed["rounds_mean"] == adaptive["rounds_mean"] == 3
+    # Its trials' re-measurements: start 30 s, teardown 5 s (the tool's), 3 steps of about 11.5 s.
+    assert 65 < adaptive["measurement_estimate_s_mean"] < 75
+    for arm in (confirmed, alone, adaptive):
         assert 0.9 * 1800 <= arm["engine_s_mean"] and arm["engine_s_max"] <= 1800 + 1e-6
 
 

@@ -1,0 +1,149 @@
+"""The confirmation's reserve of the time budget, re-estimated from the search's trials as they report
+(tuner.confirm.ConfirmReserve), and the Ray Tune stopper that ends the search by it (tuner.search)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from tuner.confirm import (
+    RESERVE_MARGIN,
+    ConfirmCost,
+    ConfirmReserve,
+    TrialTiming,
+    active_reserve,
+    remeasurement_s,
+    set_active_reserve,
+)
+from tuner.search import ReserveStopper
+
+BASELINE = {"max_num_seqs": 256, "num_replicas": 1}
+
+
+def _step(wall: float, capacity: float, *, start: float = 40.0, params=None, done: bool = False) -> dict:
+    return {
+        "step_wall_s": wall,
+        "engine_start_s": start,
+        "capacity_rps_per_accel": capacity,
+        "config": params or {"max_num_seqs": 16, "num_replicas": 1},
+        "done": done,
+    }
+
+
+def test_a_remeasurement_costs_a_start_three_steps_and_a_teardown_of_the_configs_it_will_measure():
+    base = TrialTiming(30.0, [10.0, 14.0], 5.0, baseline=True)
+    best = TrialTiming(40.0, [20.0, 20.0, 20.0], 9.0)
+    second = TrialTiming(50.0, [30.0], 8.0)
+    failed = TrialTiming(60.0, [90.0], 0.0)  # passed nothing: never a finalist, so not what is measured
+    timings = [base, best, second, failed]
+    one = remeasurement_s(timings, 1, reference_step=False, teardown_s=5.0)
+    assert one == pytest.approx(((30 + 5 + 3 * 12) + (40 + 5 + 3 * 20)) / 2)
+    two = remeasurement_s(timings, 2, reference_step=False, teardown_s=5.0)
+    assert two == pytest.approx(((30 + 5 + 36) + (40 + 5 + 60) + (50 + 5 + 90)) / 3)
+    with_reference = remeasurement_s(timings, 1, reference_step=True, teardown_s=5.0)
+    assert with_reference == pytest.approx(one + (12 + 20) / 2), "one step more at the reference load"
+    # A finished trial that failed early caps its config's re-measurement at what the whole trial took.
+    short = TrialTiming(30.0, [10.0], 5.0, baseline=True, done=True)
+    assert remeasurement_s([short], 1, reference_step=False, teardown_s=5.0) == pytest.approx(30 + 5 + 10)
+    assert remeasurement_s([TrialTiming(30.0)], 1, reference_step=False, teardown_s=5.0) is None, "no step yet"
+    # Nothing passed a load yet and no baseline among them: every trial that reported stands in.
+    assert remeasurement_s([failed], 1, reference_step=False, teardown_s=5.0) == pytest.approx(60 + 5 + 270)
+
+
+def _reserve(deadline: float, lines: list[str], rounds: int = 2) -> ConfirmReserve:
+    return ConfirmReserve(
+        ConfirmCost(78.0, 2 * rounds),
+        rounds=rounds,
+        deadline=deadline,
+        finalists=1,
+        baseline=BASELINE,
+        reference_step=False,
+        teardown_s=5.0,
+        progress=lines.append,
+    )
+
+
+def test_the_reserve_follows_the_trials_a_slow_host_ends_the_search_sooner():
+    static = ConfirmCost(78.0, 4).reserve_s  # 390 s
+    lines: list[str] = []
+    slow = _reserve(1000.0, lines)
+    assert slow.cost().measurement_s == 78.0 and "the config's estimate; no trial had reported" in slow.describe()
+    slow.observe("t1", _step(15.0, 5.0, start=45.0, params=BASELINE))
+    slow.observe("t2", _step(16.0, 7.0, start=47.0))
+    measured = slow.cost().measurement_s
+    assert measured == pytest.approx(((45 + 5 + 45) + (47 + 5 + 48)) / 2) and measured > 78.0
+    assert slow.timings["t1"].baseline and not slow.timings["t2"].baseline
+    assert slow.reserve_s() == pytest.approx(measured * 4 * RESERVE_MARGIN)
+    assert not slow.should_stop(now=1000.0 - measured * 4 * RESERVE_MARGIN - 1)
+    assert slow.should_stop(now=1000.0 - static), "at the static line the re-estimated reserve no longer fits"
+    assert lines and "search ended with 6.5 min of the budget left for the confirmation (8.1 min held" in lines[0]
+    assert "re-estimated from the 2 trial(s) that reported; the config's estimate 78s" in lines[0]
+    assert slow.should_stop(now=0.0) and len(lines) == 1, "once ended, it stays ended and says so once"
+
+    # A faster host than the config's estimate: the config's reserve stands (more rounds may then fit).
+    fast = _reserve(1000.0, [])
+    fast.observe("t1", _step(5.0, 5.0, start=20.0, params=BASELINE))
+    fast.observe("t2", _step(5.0, 9.0, start=20.0))
+    assert fast.cost().measurement_s < 78.0 and fast.reserve_s() == static
+    assert not fast.should_stop(now=1000.0 - static - 1) and fast.should_stop(now=1000.0 - static)
+
+
+def test_rounds_beyond_the_useful_three_are_held_at_the_configs_estimate_not_at_the_measured_cost():
+    """5 planned rounds: the reserve holds 3 of them at the measured cost when that is more than all 5 at the
+    config's estimate, never all 5 at the measured cost (which left the search too few trials, replayed)."""
+    reserve = _reserve(10_000.0, [], rounds=5)
+    static = reserve.static.reserve_s  # 10 x 78 s x 1.25 = 975 s
+    reserve.observe("t1", _step(15.0, 5.0, start=45.0, params=BASELINE))
+    reserve.observe("t2", _step(16.0, 7.0, start=47.0))
+    measured = reserve.cost().measurement_s  # 97.5 s
+    assert reserve.reserve_s() == static, "3 rounds at 97.5 s (731 s) are less than the config's 975 s"
+    reserve.observe("t1", _step(60.0, 5.0, start=45.0, params=BASELINE))  # a step of a minute: much slower
+    reserve.observe("t2", _step(60.0, 7.0, start=47.0))
+    measured = reserve.cost().measurement_s
+    assert measured > 130 and reserve.reserve_s() == pytest.approx(6 * measured * RESERVE_MARGIN)
+    assert reserve.reserve_s() > static
+
+
+def test_the_reserve_is_held_only_once_there_is_a_finalist_to_spend_it_on():
+    lines: list[str] = []
+    reserve = _reserve(1000.0, lines)
+    reserve.observe("t1", _step(15.0, 5.0, params=BASELINE))
+    reserve.observe("t2", _step(15.0, 0.0))  # failed its first step: nothing to confirm against the baseline
+    assert not reserve.should_stop(now=900.0), "the baseline alone: the search keeps the budget"
+    assert reserve.should_stop(now=1000.0), "no time left at all"
+    assert "0.0 min of the budget left" in lines[0]
+    reserve.ended = None
+    reserve.observe("t2", _step(15.0, 6.0))
+    assert reserve.should_stop(now=900.0)
+
+
+def test_the_stopper_feeds_the_running_searchs_reserve_and_survives_ray_tunes_pickling():
+    stopper = pickle.loads(pickle.dumps(ReserveStopper()))
+    assert not stopper("t1", _step(15.0, 5.0)) and not stopper.stop_all(), "no search running: never stops"
+    lines: list[str] = []
+    reserve = _reserve(0.0, lines)  # the budget is spent
+    set_active_reserve(reserve)
+    try:
+        assert active_reserve() is reserve
+        assert stopper("t1", {"training_iteration": 1}) is False and not reserve.timings, "not a load step"
+        assert stopper("t1", _step(15.0, 5.0)) is False and reserve.timings["t1"].walls == [15.0]
+        assert stopper.stop_all() and lines
+    finally:
+        set_active_reserve(None)
+    assert active_reserve() is None
+
+
+def test_a_round_holds_only_the_finalists_found_so_far():
+    """2 finalists planned, 1 found: a round is 2 measurements, not 3 (the confirmation measures no more)."""
+    reserve = ConfirmReserve(
+        ConfirmCost(78.0, 3 * 3), rounds=3, deadline=10_000.0, finalists=2, baseline=BASELINE,
+        reference_step=False, teardown_s=5.0, progress=lambda line: None,
+    )  # fmt: skip
+    reserve.observe("t1", _step(15.0, 5.0, start=45.0, params=BASELINE))
+    reserve.observe("t2", _step(15.0, 7.0, start=45.0))
+    assert reserve.reserve_s() == pytest.approx(2 * 3 * 95.0 * RESERVE_MARGIN)
+    reserve.observe("t3", _step(15.0, 6.0, start=45.0, params={"max_num_seqs": 64, "num_replicas": 1}))
+    assert reserve.reserve_s() == pytest.approx(3 * 3 * 95.0 * RESERVE_MARGIN)
+    reserve.observe("t4", _step(15.0, 8.0, start=45.0, params={"max_num_seqs": 8, "num_replicas": 1}))
+    assert reserve.reserve_s() == pytest.approx(3 * 3 * 95.0 * RESERVE_MARGIN), "at most `finalists` of them"
