@@ -10,16 +10,21 @@ table, once per seed, and judges two ways of spending the same engine time B aga
 - **search only**: trials until B is spent; the trial running when B runs out keeps its results up to
   its last step that ended in time (Tune's `time_budget_s` stops the running trial and keeps what it
   reported); the pick is the tool's (`tuner.selection.pick_trial`, max-capacity);
-- **search + confirmation**: the same search until B - C is spent, C the tool's reserve for the
-  confirmation ((finalists + 1) x rounds x its estimate of one re-measurement, tuner.search.confirm_cost,
-  + tuner.confirm.RESERVE_MARGIN),
-  then the tool's confirmation on the trials that ran: its finalists (tuner.confirm.finalists), its
-  rotated rounds, its deadline rule (a round starts only if it ends within B) and its verdict
-  (tuner.verdict.decide: a finalist displaces the baseline only when its interval excludes 1). A
-  re-measurement is one of the config's recorded repeats drawn from a stream of its own; it costs the
-  drawn repeat's engine start, three of its steps and its teardown (the tool's model of a warm-started
-  re-measurement), at most the whole repeat. A budget whose reserve leaves less than one trial is one
-  the tool refuses (tuner.search._check_budget): reported as refused.
+- **search + confirmation** (the static reserve, as the tool had it before its reserve followed the
+  trials): the same search until B - C is spent, C the config's reserve for the confirmation ((finalists
+  + 1) x rounds x its estimate of one re-measurement, tuner.search.confirm_cost, +
+  tuner.confirm.RESERVE_MARGIN), then the tool's confirmation on the trials that ran: its finalists
+  (tuner.confirm.finalists), its rotated rounds, its deadline rule (a round starts only if it ends
+  within B) and its verdict (tuner.verdict.decide: a finalist displaces the baseline only when its
+  interval excludes 1). A re-measurement is one of the config's recorded repeats drawn from a stream of
+  its own; it costs the drawn repeat's engine start, three of its steps and its teardown (the tool's
+  model of a warm-started re-measurement), at most the whole repeat. A budget whose reserve leaves less
+  than one trial is one the tool refuses (tuner.search._check_budget): reported as refused.
+- **search + confirmation, adaptive reserve** (each setting's second arm; the tool's own): the same,
+  with the search ended as the tool's stopper ends it (tuner.confirm.ConfirmReserve, `within_reserve`):
+  the reserve re-estimated from the trials' recorded engine starts and step walls as their steps end
+  (with the replay's cost model of a re-measurement: no step at the reference load), and the first
+  round's deadline check at that estimate.
 
 The budget also sets what the tool's start-up rule sees: `num_samples` = the trials B affords at the
 table's mean trial time, so a longer budget gets more random start-up trials, as a user's would.
