@@ -203,6 +203,24 @@ def test_search_cost_replay_of_grid_order_stops_at_the_best_config(tmp_path):
     assert search_cost.simulate(table, setup, "grid", seed=0, max_trials=20)["reached"] is False
 
 
+def test_where_the_baseline_is_among_the_best_the_choice_is_made_on_reaching_another_best_config(tmp_path):
+    """Every search starts with the baseline: in a table whose best set holds it, every search reaches the
+    best with its first trial, so `beyond_baseline` asks for a best-set config other than the baseline."""
+
+    def truth(p):
+        point = (p["max_num_seqs"], p["max_num_batched_tokens"], p["num_replicas"])
+        return {(32, 512, 1): 80.0, tuple(BASELINE.values()): 79.0}.get(point, 20.0)
+
+    setup = search_cost._setup()
+    assert search_cost.key(setup.baseline, list(setup.space.tunable)) == search_cost.key(BASELINE, list(BASELINE))
+    table = search_cost.load_table(_table(tmp_path, truth), "bundled", setup)
+    assert table.hit(setup.baseline) and len(table.best_set) == 2
+    runs = [search_cost.simulate(table, setup, "random", seed=s) for s in range(6)]
+    assert all(r["reached"] and r["trials"] == 1 for r in runs), "the baseline, first, is in the best set"
+    beyond = [search_cost.simulate(table, setup, "random", seed=s, beyond_baseline=True) for s in range(6)]
+    assert all(r["trials"] > 1 for r in beyond) and any(r["reached"] for r in beyond)
+
+
 def test_the_table_says_how_much_of_its_spread_follows_the_machines_speed(tmp_path):
     """A slow hour starts engines slowly and lowers every capacity measured in it: a table whose repeats
     scale with the host's speed shows a strong negative rank correlation with engine start time; one whose
