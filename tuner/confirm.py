@@ -24,7 +24,7 @@ from tuner.selection import feasible_trials
 from tuner.space import matches_baseline
 from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
 from tuner.verdict import REFERENCE_LATENCIES, Measurement, Verdict, decide
-from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus
+from tuner.vocabulary import FEASIBLE_STATUSES, STATUS_REASON_TAG, STATUS_TAG, TrialStatus
 
 if TYPE_CHECKING:
     from trainables.trial import TrialContext
@@ -190,9 +190,27 @@ class ConfirmReserve:
         self.timings: dict[str, TrialTiming] = {}
         self.ended: str | None = None  # why the search was ended, once it was
 
+    def adopt(self, rows: Sequence[TrialRow]) -> None:
+        """Take the trials a resumed search recorded before it stopped (Ray Tune does not report them again)."""
+        for row in rows:
+            if row.status not in FEASIBLE_STATUSES or row.trial_id in self.timings:
+                continue
+            walls = [float(s["step_wall_s"]) for s in row.steps if s.get("step_wall_s") is not None]
+            if not walls and row.metrics.get("step_wall_s") is not None:
+                walls = [float(row.metrics["step_wall_s"])]
+            self.timings[row.trial_id] = TrialTiming(
+                float(row.metrics.get("engine_start_s", 0.0) or 0.0),
+                walls,
+                row.capacity,
+                baseline=matches_baseline(row.params, self.baseline),
+            )
+
     def observe(self, trial_id: str, result: Mapping[str, Any]) -> None:
-        """Take one trial result (a load step) into the estimate."""
+        """Take one trial result (a load step) into the estimate; a trial that ended infeasible (its pool
+        failed after it had passed a load) is no finalist any more."""
         if "step_wall_s" not in result:
+            if trial_id in self.timings and str(result.get(STATUS_TAG, "")) == TrialStatus.INFEASIBLE:
+                self.timings[trial_id].capacity = 0.0
             return
         timing = self.timings.setdefault(
             trial_id, TrialTiming(baseline=matches_baseline(result.get("config") or {}, self.baseline))
@@ -229,6 +247,8 @@ class ConfirmReserve:
         self.ended = (
             f"search ended with {max(self.deadline - now, 0) / 60:.1f} min of the budget left for the "
             f"confirmation ({self.reserve_s() / 60:.1f} min held back): one measurement {self.describe()}"
+            if self.static.measurements
+            else "search ended: the time budget is spent"
         )
         self.progress(self.ended)
         return True

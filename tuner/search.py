@@ -700,11 +700,15 @@ def _run(
     status = "FINISHED"
     confirmation = None
     reserve = _reserve(prepared, started, tracker.say)
+    if reserve is not None and resume:  # Ray Tune does not report the trials it had finished again
+        reserve.adopt(tracker.rows())
     set_active_reserve(reserve)
     try:
         tuner.fit()
         tracker.close_open_runs("the search ended before this trial finished")
-        confirmation = _confirm(prepared, context, tracker, client, parent, started, progress, reserve)
+        confirmation = _confirm(
+            prepared, context, tracker, client, parent, started, progress, reserve if _holds_reserve(prepared) else None
+        )
     except BaseException:
         status = "KILLED"
         raise
@@ -715,15 +719,22 @@ def _run(
     return outcome
 
 
-def _reserve(prepared: PreparedSearch, started: float, progress: Callable[[str], None]) -> ConfirmReserve | None:
-    """The confirmation's share of the time budget, re-estimated as the trials report (None: no budget or no
-    confirmation)."""
+def _holds_reserve(prepared: PreparedSearch) -> bool:
+    """Whether the time budget sets time aside for a confirmation (one is planned, against a baseline)."""
     config = prepared.config
-    if not config.budget.time_budget_s or not config.confirm_rounds():
+    return bool(config.budget.time_budget_s and config.confirm_rounds() and prepared.baseline)
+
+
+def _reserve(prepared: PreparedSearch, started: float, progress: Callable[[str], None]) -> ConfirmReserve | None:
+    """The time budget's end for the trials: the confirmation's share re-estimated as the trials report, or
+    none held back (no confirmation planned, or no baseline to confirm against); None without a budget."""
+    config = prepared.config
+    if not config.budget.time_budget_s:
         return None
+    holds = _holds_reserve(prepared)
     return ConfirmReserve(
-        confirm_cost(prepared),
-        rounds=config.confirm_rounds(),
+        confirm_cost(prepared) if holds else ConfirmCost(0.0, 0),
+        rounds=config.confirm_rounds() if holds else 0,
         deadline=started + config.budget.time_budget_s,
         finalists=config.confirm.finalists,
         baseline=prepared.baseline or {},
@@ -860,7 +871,7 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
             # one, ReserveStopper ends them when the confirmation's re-estimated reserve needs the time left.
             time_budget_s=(
                 max(1.0, config.budget.time_budget_s - (time.monotonic() - started))
-                if config.budget.time_budget_s and not config.confirm_rounds()
+                if config.budget.time_budget_s and not _holds_reserve(prepared)
                 else None
             ),
             max_concurrent_trials=config.budget.max_concurrent_trials,
@@ -881,8 +892,9 @@ class ReserveStopper(Stopper):
     """Ends the search when the confirmation's reserve needs the time left (tuner.confirm.ConfirmReserve).
 
     Stateless, so Ray Tune can save and restore it: it feeds every trial result to the reserve of the search
-    running in this process and asks it whether to stop; without one (no time budget or no confirmation)
-    it never stops anything.
+    running in this process and asks it whether to stop (with no confirmation planned, a reserve of nothing:
+    the end of the budget, so a search resumed without the confirmation it began with still ends in time);
+    without a time budget it never stops anything.
     """
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:

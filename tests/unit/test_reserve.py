@@ -147,3 +147,46 @@ def test_a_round_holds_only_the_finalists_found_so_far():
     assert reserve.reserve_s() == pytest.approx(3 * 3 * 95.0 * RESERVE_MARGIN)
     reserve.observe("t4", _step(15.0, 8.0, start=45.0, params={"max_num_seqs": 8, "num_replicas": 1}))
     assert reserve.reserve_s() == pytest.approx(3 * 3 * 95.0 * RESERVE_MARGIN), "at most `finalists` of them"
+
+
+def test_a_resumed_search_holds_the_reserve_for_the_finalists_recorded_before_it_stopped():
+    """Ray Tune does not report a resumed search's finished trials again: the reserve adopts the recorded
+    rows, so a finalist found before the driver stopped is still one, with its measured times."""
+    from tuner.recorded import TrialRow
+
+    rows = [
+        TrialRow("t1", "r1", "completed", params=BASELINE,
+                 metrics={"capacity_rps_per_accel": 5.0, "engine_start_s": 45.0},
+                 steps=({"step_wall_s": 15.0}, {"step_wall_s": 15.0})),
+        TrialRow("t2", "r2", "early_stopped", params={"max_num_seqs": 16, "num_replicas": 1},
+                 metrics={"capacity_rps_per_accel": 7.0, "engine_start_s": 45.0, "step_wall_s": 15.0}),
+        TrialRow("t3", "r3", "infeasible", params={"max_num_seqs": 8, "num_replicas": 1}),
+    ]  # fmt: skip
+    reserve = _reserve(1000.0, [])
+    assert reserve.stop_at() == 1000.0, "nothing adopted: no finalist, the whole budget"
+    reserve.adopt(rows)
+    assert set(reserve.timings) == {"t1", "t2"} and reserve.timings["t1"].baseline
+    assert reserve.cost().measurement_s == pytest.approx(45 + 5 + 3 * 15)
+    assert reserve.stop_at() == pytest.approx(1000.0 - reserve.reserve_s()) and reserve.reserve_s() > 0
+
+
+def test_a_trial_that_ended_infeasible_after_passing_a_load_is_no_finalist():
+    reserve = _reserve(1000.0, [])
+    reserve.observe("t1", _step(15.0, 5.0, params=BASELINE))
+    reserve.observe("t2", _step(15.0, 7.0))
+    assert reserve.stop_at() < 1000.0
+    reserve.observe("t2", {"trial_status": "infeasible", "status_reason": "the pool failed", "done": True})
+    assert reserve.timings["t2"].capacity == 0.0 and reserve.stop_at() == 1000.0
+
+
+def test_with_no_confirmation_planned_the_stopper_still_ends_the_search_at_the_budget():
+    """A search begun with a confirmation and resumed with --no-confirm restores no Tune time budget: the
+    reserve of nothing ends it at the budget, and says so plainly."""
+    lines: list[str] = []
+    reserve = ConfirmReserve(
+        ConfirmCost(0.0, 0), rounds=0, deadline=100.0, finalists=1, baseline=BASELINE,
+        reference_step=False, teardown_s=5.0, progress=lines.append,
+    )  # fmt: skip
+    reserve.observe("t2", _step(15.0, 7.0))
+    assert reserve.reserve_s() == 0.0 and not reserve.should_stop(now=99.0)
+    assert reserve.should_stop(now=100.0) and lines == ["search ended: the time budget is spent"]
