@@ -123,16 +123,19 @@ class TrialTiming:
 def remeasurement_s(
     timings: Sequence[TrialTiming], finalists: int, *, reference_step: bool, teardown_s: float
 ) -> float | None:
-    """Engine seconds of one confirmation measurement as the search's trials measured them (None before any
-    trial reported a step).
+    """Engine seconds of one confirmation measurement as the search's finished trials measured them (None
+    before any trial finished).
 
     A re-measurement is warm-started from the config's bracket: its engine start, about three steps (a pass
     at the capacity, a failure at the bracket's top, often one more), one more at the reference load first
-    with `reference_step`, and a teardown; a step is taken at the mean wall of the trial's own steps, and a
-    finished trial caps it (a config that failed early re-measures as quickly). The mean is over the configs
-    the confirmation will measure: the `finalists` best trials that passed a load, and the baseline.
+    with `reference_step`, and a teardown; a step is taken at the mean wall of the trial's own steps, capped
+    by the whole trial (a config that failed early re-measures as quickly). The mean is over the configs
+    the confirmation will measure: the `finalists` best trials that passed a load, and the baseline. Only
+    finished trials count: a trial's first step carries its warm-up (21 s against 11-14 s for the later
+    ones in the demo of 2026-12-03), so a trial one step in would put a re-measurement 30% high, at the very
+    moment a new finalist makes the search decide whether to stop.
     """
-    reported = [t for t in timings if t.walls]
+    reported = [t for t in timings if t.walls and t.done]
     leading = sorted((t for t in reported if t.capacity > 0 and not t.baseline), key=lambda t: -t.capacity)
     measured = leading[:finalists] + [t for t in reported if t.baseline] or reported
     if not measured:
@@ -154,7 +157,7 @@ USEFUL_ROUNDS = 3
 class ConfirmReserve:
     """The time budget's reserve for the confirmation, re-estimated from the search's trials as they report.
 
-    Until a trial has reported a step the reserve is the config's estimate for the planned rounds (`static`,
+    Until a trial has finished the reserve is the config's estimate for the planned rounds (`static`,
     tuner.search.confirm_cost). Then one measurement is taken at `remeasurement_s`, and the reserve is the
     larger of the config's and what min(planned rounds, USEFUL_ROUNDS) rounds cost at that measured rate,
     +RESERVE_MARGIN: a host or workload slower than the config suggests holds back more, so that the rounds
@@ -203,6 +206,8 @@ class ConfirmReserve:
                 walls,
                 row.capacity,
                 baseline=matches_baseline(row.params, self.baseline),
+                # every step's wall recorded, of a trial that ran to its end: it counts in the estimate
+                done=row.status == TrialStatus.COMPLETED and len(walls) == len(row.steps) > 0,
             )
 
     def observe(self, trial_id: str, result: Mapping[str, Any]) -> None:
@@ -220,16 +225,19 @@ class ConfirmReserve:
         timing.capacity = float(result.get("capacity_rps_per_accel", 0.0) or 0.0)
         timing.done = bool(result.get("done"))
 
-    def cost(self) -> ConfirmCost:
-        """The confirmation's planned measurements at the current estimate of one."""
-        measured = remeasurement_s(
+    def _measured(self) -> float | None:
+        return remeasurement_s(
             list(self.timings.values()), self.finalists, reference_step=self.reference_step, teardown_s=self.teardown_s
         )
+
+    def cost(self) -> ConfirmCost:
+        """The confirmation's planned measurements at the current estimate of one."""
+        measured = self._measured()
         return ConfirmCost(measured if measured is not None else self.static.measurement_s, self.static.measurements)
 
     def reserve_s(self) -> float:
         """The time held back for the confirmation (the class docstring), for the finalists there are so far."""
-        if not self.timings:
+        if self._measured() is None:
             return self.static.reserve_s
         found = sum(t.capacity > 0 and not t.baseline for t in self.timings.values())
         per_round = 1 + min(self.finalists, max(found, 1))
@@ -262,10 +270,11 @@ class ConfirmReserve:
     def describe(self) -> str:
         """One measurement's estimate and where it comes from."""
         estimate = self.cost().measurement_s
-        if not self.timings:
-            return f"about {estimate:.0f}s (the config's estimate; no trial had reported)"
+        finished = sum(t.done and bool(t.walls) for t in self.timings.values())
+        if not finished:
+            return f"about {estimate:.0f}s (the config's estimate; no trial had finished)"
         return (
-            f"about {estimate:.0f}s (re-estimated from the {len(self.timings)} trial(s) that reported; the "
+            f"about {estimate:.0f}s (re-estimated from the {finished} trial(s) that finished; the "
             f"config's estimate {self.static.measurement_s:.0f}s)"
         )
 

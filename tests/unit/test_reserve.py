@@ -21,7 +21,7 @@ from tuner.search import ReserveStopper
 BASELINE = {"max_num_seqs": 256, "num_replicas": 1}
 
 
-def _step(wall: float, capacity: float, *, start: float = 40.0, params=None, done: bool = False) -> dict:
+def _step(wall: float, capacity: float, *, start: float = 40.0, params=None, done: bool = True) -> dict:
     return {
         "step_wall_s": wall,
         "engine_start_s": start,
@@ -32,23 +32,31 @@ def _step(wall: float, capacity: float, *, start: float = 40.0, params=None, don
 
 
 def test_a_remeasurement_costs_a_start_three_steps_and_a_teardown_of_the_configs_it_will_measure():
-    base = TrialTiming(30.0, [10.0, 14.0], 5.0, baseline=True)
-    best = TrialTiming(40.0, [20.0, 20.0, 20.0], 9.0)
-    second = TrialTiming(50.0, [30.0], 8.0)
-    failed = TrialTiming(60.0, [90.0], 0.0)  # passed nothing: never a finalist, so not what is measured
-    timings = [base, best, second, failed]
+    base = TrialTiming(30.0, [10.0, 14.0, 12.0, 12.0], 5.0, baseline=True, done=True)
+    best = TrialTiming(40.0, [20.0] * 4, 9.0, done=True)
+    second = TrialTiming(50.0, [30.0] * 4, 8.0, done=True)
+    failed = TrialTiming(60.0, [90.0] * 4, 0.0, done=True)  # passed nothing: never a finalist, not measured
+    running = TrialTiming(20.0, [5.0], 99.0)  # one step in, still running: its first step carries the warm-up
+    timings = [base, best, second, failed, running]
     one = remeasurement_s(timings, 1, reference_step=False, teardown_s=5.0)
-    assert one == pytest.approx(((30 + 5 + 3 * 12) + (40 + 5 + 3 * 20)) / 2)
+    assert one == pytest.approx(((30 + 5 + 3 * 12) + (40 + 5 + 3 * 20)) / 2), "finished trials only"
     two = remeasurement_s(timings, 2, reference_step=False, teardown_s=5.0)
     assert two == pytest.approx(((30 + 5 + 36) + (40 + 5 + 60) + (50 + 5 + 90)) / 3)
     with_reference = remeasurement_s(timings, 1, reference_step=True, teardown_s=5.0)
     assert with_reference == pytest.approx(one + (12 + 20) / 2), "one step more at the reference load"
-    # A finished trial that failed early caps its config's re-measurement at what the whole trial took.
+    # A trial that failed early caps its config's re-measurement at what the whole trial took.
     short = TrialTiming(30.0, [10.0], 5.0, baseline=True, done=True)
     assert remeasurement_s([short], 1, reference_step=False, teardown_s=5.0) == pytest.approx(30 + 5 + 10)
     assert remeasurement_s([TrialTiming(30.0)], 1, reference_step=False, teardown_s=5.0) is None, "no step yet"
-    # Nothing passed a load yet and no baseline among them: every trial that reported stands in.
+    assert remeasurement_s([running], 1, reference_step=False, teardown_s=5.0) is None, "none finished yet"
+    # Nothing passed a load yet and no baseline among them: every finished trial stands in.
     assert remeasurement_s([failed], 1, reference_step=False, teardown_s=5.0) == pytest.approx(60 + 5 + 270)
+
+
+def _trial(reserve: ConfirmReserve, trial_id: str, wall: float, capacity: float, **kw) -> None:
+    """A whole trial of three steps of `wall` seconds each, as its results arrive."""
+    for i in range(3):
+        reserve.observe(trial_id, _step(wall, capacity, done=i == 2, **kw))
 
 
 def _reserve(deadline: float, lines: list[str], rounds: int = 2) -> ConfirmReserve:
@@ -68,9 +76,9 @@ def test_the_reserve_follows_the_trials_a_slow_host_ends_the_search_sooner():
     static = ConfirmCost(78.0, 4).reserve_s  # 390 s
     lines: list[str] = []
     slow = _reserve(1000.0, lines)
-    assert slow.cost().measurement_s == 78.0 and "the config's estimate; no trial had reported" in slow.describe()
-    slow.observe("t1", _step(15.0, 5.0, start=45.0, params=BASELINE))
-    slow.observe("t2", _step(16.0, 7.0, start=47.0))
+    assert slow.cost().measurement_s == 78.0 and "the config's estimate; no trial had finished" in slow.describe()
+    _trial(slow, "t1", 15.0, 5.0, start=45.0, params=BASELINE)
+    _trial(slow, "t2", 16.0, 7.0, start=47.0)
     measured = slow.cost().measurement_s
     assert measured == pytest.approx(((45 + 5 + 45) + (47 + 5 + 48)) / 2) and measured > 78.0
     assert slow.timings["t1"].baseline and not slow.timings["t2"].baseline
@@ -78,13 +86,13 @@ def test_the_reserve_follows_the_trials_a_slow_host_ends_the_search_sooner():
     assert not slow.should_stop(now=1000.0 - measured * 4 * RESERVE_MARGIN - 1)
     assert slow.should_stop(now=1000.0 - static), "at the static line the re-estimated reserve no longer fits"
     assert lines and "search ended with 6.5 min of the budget left for the confirmation (8.1 min held" in lines[0]
-    assert "re-estimated from the 2 trial(s) that reported; the config's estimate 78s" in lines[0]
+    assert "re-estimated from the 2 trial(s) that finished; the config's estimate 78s" in lines[0]
     assert slow.should_stop(now=0.0) and len(lines) == 1, "once ended, it stays ended and says so once"
 
     # A faster host than the config's estimate: the config's reserve stands (more rounds may then fit).
     fast = _reserve(1000.0, [])
-    fast.observe("t1", _step(5.0, 5.0, start=20.0, params=BASELINE))
-    fast.observe("t2", _step(5.0, 9.0, start=20.0))
+    _trial(fast, "t1", 5.0, 5.0, start=20.0, params=BASELINE)
+    _trial(fast, "t2", 5.0, 9.0, start=20.0)
     assert fast.cost().measurement_s < 78.0 and fast.reserve_s() == static
     assert not fast.should_stop(now=1000.0 - static - 1) and fast.should_stop(now=1000.0 - static)
 
@@ -94,12 +102,12 @@ def test_rounds_beyond_the_useful_three_are_held_at_the_configs_estimate_not_at_
     config's estimate, never all 5 at the measured cost (which left the search too few trials, replayed)."""
     reserve = _reserve(10_000.0, [], rounds=5)
     static = reserve.static.reserve_s  # 10 x 78 s x 1.25 = 975 s
-    reserve.observe("t1", _step(15.0, 5.0, start=45.0, params=BASELINE))
-    reserve.observe("t2", _step(16.0, 7.0, start=47.0))
+    _trial(reserve, "t1", 15.0, 5.0, start=45.0, params=BASELINE)
+    _trial(reserve, "t2", 16.0, 7.0, start=47.0)
     measured = reserve.cost().measurement_s  # 97.5 s
     assert reserve.reserve_s() == static, "3 rounds at 97.5 s (731 s) are less than the config's 975 s"
-    reserve.observe("t1", _step(60.0, 5.0, start=45.0, params=BASELINE))  # a step of a minute: much slower
-    reserve.observe("t2", _step(60.0, 7.0, start=47.0))
+    _trial(reserve, "t1", 60.0, 5.0, start=45.0, params=BASELINE)  # steps of a minute: much slower
+    _trial(reserve, "t2", 60.0, 7.0, start=47.0)
     measured = reserve.cost().measurement_s
     assert measured > 130 and reserve.reserve_s() == pytest.approx(6 * measured * RESERVE_MARGIN)
     assert reserve.reserve_s() > static
@@ -140,12 +148,12 @@ def test_a_round_holds_only_the_finalists_found_so_far():
         ConfirmCost(78.0, 3 * 3), rounds=3, deadline=10_000.0, finalists=2, baseline=BASELINE,
         reference_step=False, teardown_s=5.0, progress=lambda line: None,
     )  # fmt: skip
-    reserve.observe("t1", _step(15.0, 5.0, start=45.0, params=BASELINE))
-    reserve.observe("t2", _step(15.0, 7.0, start=45.0))
+    _trial(reserve, "t1", 15.0, 5.0, start=45.0, params=BASELINE)
+    _trial(reserve, "t2", 15.0, 7.0, start=45.0)
     assert reserve.reserve_s() == pytest.approx(2 * 3 * 95.0 * RESERVE_MARGIN)
-    reserve.observe("t3", _step(15.0, 6.0, start=45.0, params={"max_num_seqs": 64, "num_replicas": 1}))
+    _trial(reserve, "t3", 15.0, 6.0, start=45.0, params={"max_num_seqs": 64, "num_replicas": 1})
     assert reserve.reserve_s() == pytest.approx(3 * 3 * 95.0 * RESERVE_MARGIN)
-    reserve.observe("t4", _step(15.0, 8.0, start=45.0, params={"max_num_seqs": 8, "num_replicas": 1}))
+    _trial(reserve, "t4", 15.0, 8.0, start=45.0, params={"max_num_seqs": 8, "num_replicas": 1})
     assert reserve.reserve_s() == pytest.approx(3 * 3 * 95.0 * RESERVE_MARGIN), "at most `finalists` of them"
 
 
@@ -166,7 +174,9 @@ def test_a_resumed_search_holds_the_reserve_for_the_finalists_recorded_before_it
     assert reserve.stop_at() == 1000.0, "nothing adopted: no finalist, the whole budget"
     reserve.adopt(rows)
     assert set(reserve.timings) == {"t1", "t2"} and reserve.timings["t1"].baseline
-    assert reserve.cost().measurement_s == pytest.approx(45 + 5 + 3 * 15)
+    # the baseline's trial ran to its end in 2 steps (its re-measurement capped there); the interrupted one
+    # is a finalist but not in the estimate (it did not finish)
+    assert reserve.cost().measurement_s == pytest.approx(45 + 5 + 2 * 15)
     assert reserve.stop_at() == pytest.approx(1000.0 - reserve.reserve_s()) and reserve.reserve_s() > 0
 
 
