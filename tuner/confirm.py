@@ -143,8 +143,7 @@ def remeasurement_s(
     steps = 3 + (1 if reference_step else 0)
 
     def cost(t: TrialTiming) -> float:
-        warm = t.start_s + teardown_s + steps * sum(t.walls) / len(t.walls)
-        return min(warm, t.start_s + teardown_s + sum(t.walls)) if t.done else warm
+        return t.start_s + teardown_s + min(steps * sum(t.walls) / len(t.walls), sum(t.walls))
 
     return sum(cost(t) for t in measured) / len(measured)
 
@@ -237,13 +236,17 @@ class ConfirmReserve:
 
     def reserve_s(self) -> float:
         """The time held back for the confirmation (the class docstring), for the finalists there are so far."""
-        if self._measured() is None:
+        measured = self._measured()
+        if measured is None:
             return self.static.reserve_s
-        found = sum(t.capacity > 0 and not t.baseline for t in self.timings.values())
-        per_round = 1 + min(self.finalists, max(found, 1))
+        per_round = 1 + min(self.finalists, max(self._found(), 1))
         planned = ConfirmCost(self.static.measurement_s, per_round * self.rounds).reserve_s
-        useful = ConfirmCost(self.cost().measurement_s, per_round * min(self.rounds, USEFUL_ROUNDS)).reserve_s
+        useful = ConfirmCost(measured, per_round * min(self.rounds, USEFUL_ROUNDS)).reserve_s
         return max(planned, useful)
+
+    def _found(self) -> int:
+        """Trials besides the baseline that passed a load so far: the finalists there are."""
+        return sum(t.capacity > 0 and not t.baseline for t in self.timings.values())
 
     def should_stop(self, now: float | None = None) -> bool:
         """Whether the search should end now to leave the confirmation its reserve (says why, once)."""
@@ -264,8 +267,7 @@ class ConfirmReserve:
     def stop_at(self) -> float:
         """When (time.monotonic()) the search should end, as the trials reported so far say: when the time left
         is the reserve once a trial besides the baseline has passed a load, else when no time is left."""
-        finalist = any(t.capacity > 0 and not t.baseline for t in self.timings.values())
-        return self.deadline - self.reserve_s() if finalist else self.deadline
+        return self.deadline - self.reserve_s() if self._found() else self.deadline
 
     def describe(self) -> str:
         """One measurement's estimate and where it comes from."""
