@@ -241,7 +241,8 @@ def _load_table(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
     if differs:
         raise SystemExit(
             f"{path} was recorded with a different {', '.join(differs)} than now ({_display(CONFIG)} and this "
-            "machine): trials of other settings or another kind of CPU do not compare; move it away to record anew"
+            "machine): trials of other settings or another kind of CPU do not compare; move it away to record anew, "
+            "or record this machine's kind into another folder with --grid-dir"
         )
     return table
 
@@ -680,13 +681,23 @@ def _goal(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def compared_tables(args: argparse.Namespace, setup: Setup) -> tuple[Table, Table]:
+    """The table start-up trials are chosen on and the one strategies are reported on: `--report-on` from
+    `--report-grid-dir` where given (a table of another CPU kind, recorded in a folder of its own), else
+    from `--grid-dir`; one table where both name the same."""
+    choose = load_table(args.grid_dir, args.choose_on, setup)
+    report_dir = getattr(args, "report_grid_dir", None) or args.grid_dir
+    if args.report_on == args.choose_on and report_dir.resolve() == args.grid_dir.resolve():
+        return choose, choose
+    return choose, load_table(report_dir, args.report_on, setup)
+
+
 def compare(args: argparse.Namespace) -> None:
     from tuner.search import asha_grace_period, startup_trials
 
     setup = _setup()
     config = setup.config
-    choose = load_table(args.grid_dir, args.choose_on, setup)
-    report = choose if args.report_on == args.choose_on else load_table(args.grid_dir, args.report_on, setup)
+    choose, report = compared_tables(args, setup)
     rule = startup_trials(config.budget.num_samples)
     for table in {id(t): t for t in (choose, report)}.values():
         print(
@@ -1012,6 +1023,12 @@ def main() -> None:
         choices=list(WORKLOADS),
         default="heldout",
         help="table every strategy is reported on (default heldout)",
+    )
+    cmp.add_argument(
+        "--report-grid-dir",
+        type=Path,
+        help="folder of the --report-on table, where it differs from --grid-dir (a table of another CPU kind: "
+        "each table is only compared within itself; default --grid-dir)",
     )
     cmp.add_argument(
         "--max-trials",

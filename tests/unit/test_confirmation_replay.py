@@ -256,3 +256,20 @@ def test_record_sets_aside_a_trial_whose_engine_start_says_the_host_ran_slow():
     assert search_cost.slow_host(entry, 47.0) == (
         "recorded while the host ran slow: engine start 53.6 s over --max-start-s 47"
     )
+
+
+def test_compare_reports_on_a_table_of_another_folder_where_one_is_named(tmp_path):
+    """A table of another CPU kind lives in a folder of its own (`record --grid-dir`); `compare
+    --report-grid-dir` reports on it while choosing on the table in --grid-dir."""
+    setup = search_cost._setup()
+    for folder in ("here", "there"):
+        (tmp_path / folder).mkdir()
+    here = _table(tmp_path / "here", lambda p: 20.0 + p["max_num_seqs"] / 10)
+    there = _table(tmp_path / "there", lambda p: 40.0 - p["max_num_seqs"] / 10)
+    args = argparse.Namespace(grid_dir=here, choose_on="bundled", report_on="bundled", report_grid_dir=there)
+    choose, report = search_cost.compared_tables(args, setup)
+    assert choose.path.parent == here and report.path.parent == there
+    assert choose.best_set != report.best_set, "the two tables are read, not one twice"
+    args.report_grid_dir = None
+    choose, report = search_cost.compared_tables(args, setup)
+    assert report is choose
