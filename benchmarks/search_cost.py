@@ -686,7 +686,7 @@ def compared_tables(args: argparse.Namespace, setup: Setup) -> tuple[Table, Tabl
     `--report-grid-dir` where given (a table of another CPU kind, recorded in a folder of its own), else
     from `--grid-dir`; one table where both name the same."""
     choose = load_table(args.grid_dir, args.choose_on, setup)
-    report_dir = getattr(args, "report_grid_dir", None) or args.grid_dir
+    report_dir = args.report_grid_dir or args.grid_dir
     if args.report_on == args.choose_on and report_dir.resolve() == args.grid_dir.resolve():
         return choose, choose
     return choose, load_table(report_dir, args.report_on, setup)
