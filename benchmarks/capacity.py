@@ -8,7 +8,8 @@ get the load it is offered?
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
   a fresh engine each time, with the full measurement settings (`--settings full`: 200 measured requests
   and 20 s per step, 10% resolution) or the embedded demo's (`--settings demo`), and reports the
-  coefficient of variation of the capacity.
+  coefficient of variation of the capacity (`--label KIND` records it as a section of its own,
+  `repeatability_SETTINGS_KIND`, beside another machine's).
 - `fidelity` measures two configs both ways, interleaved: the tool's trial (each serving given by
   `--servings`: vLLM's OpenAI server driven over HTTP by the tool's replay client, the default, and an
   in-process `AsyncLLM` in a Ray actor), and the peer: vLLM's OpenAI server started from the
@@ -70,7 +71,9 @@ def _prepared(overrides: dict[str, Any] | None = None, config: Path | None = Non
     from tuner.config import load_config
     from tuner.search import prepare
 
-    return prepare(load_config(config, overrides or {}), device_has_gpu=False)
+    # These commands run single trials, not a search: no confirmation phase, so the embedded time budget
+    # need not hold its reserve (with the full settings it could not: 145 s left, less than one trial).
+    return prepare(load_config(config, {"confirm.rounds": 0, **(overrides or {})}), device_has_gpu=False)
 
 
 def _settings(name: str) -> dict[str, Any]:
@@ -131,7 +134,7 @@ def repeatability(args: argparse.Namespace) -> None:
     his = [r["hi"] for r in runs if r["hi"]]
     print(f"capacity {capacities}: mean {statistics.fmean(capacities):.2f}, CV {cv:.1%}", flush=True)
     _save(
-        f"repeatability_{args.settings}",
+        f"repeatability_{args.settings}" + (f"_{args.label}" if args.label else ""),
         {
             "params": params,
             "settings": args.settings,
@@ -482,6 +485,12 @@ def main() -> None:
     rep = commands.add_parser("repeatability", help="the baseline's capacity, measured several times")
     rep.add_argument("--repeats", type=int, default=5)
     rep.add_argument("--settings", choices=("full", "demo"), default="full")
+    rep.add_argument(
+        "--label",
+        default="",
+        help="suffix of the results section (repeatability_SETTINGS_LABEL), e.g. the CPU kind, so that a "
+        "measurement on another machine does not replace the recorded one",
+    )
     fid = commands.add_parser("fidelity", help="tool vs vLLM's server + bench serve, two configs")
     fid.add_argument("--repeats", type=int, default=2)
     fid.add_argument("--settings", choices=("full", "demo"), default="full")

@@ -219,6 +219,17 @@ def test_where_the_baseline_is_among_the_best_the_choice_is_made_on_reaching_ano
     assert all(r["reached"] and r["trials"] == 1 for r in runs), "the baseline, first, is in the best set"
     beyond = [search_cost.simulate(table, setup, "random", seed=s, beyond_baseline=True) for s in range(6)]
     assert all(r["trials"] > 1 for r in beyond) and any(r["reached"] for r in beyond)
+    # `compare` reports this too where the baseline is among the report table's best: a summary per strategy
+    report = search_cost.beyond_baseline_report(
+        table, setup, {}, 2, range(6), max_trials=96, strategies=("random", "grid-shuffled")
+    )
+    assert set(report) == {"random", "grid-shuffled"}
+    assert report["random"]["median_trials"] > 1 and report["random"]["seeds"] == 6
+    outside = search_cost.load_table(
+        _table(tmp_path, lambda p: 80.0 if p["max_num_seqs"] == 32 else 20.0), "bundled", setup
+    )
+    assert not outside.hit(setup.baseline)
+    assert search_cost.beyond_baseline_report(outside, setup, {}, 2, range(6), max_trials=96) == {}
 
 
 def test_the_table_says_how_much_of_its_spread_follows_the_machines_speed(tmp_path):
