@@ -3,23 +3,9 @@ is started here)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from benchmark_modules import load
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-capacity = _load("capacity")
+capacity = load("capacity")
 
 
 def test_the_full_settings_prepare_without_the_searchs_time_budget_check():

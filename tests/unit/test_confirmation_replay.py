@@ -4,28 +4,15 @@ on a synthetic grid table whose truth is known (no engine is started)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import load
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-search_cost = _load("search_cost")
-confirmation = _load("confirmation")
+search_cost = load("search_cost")
+confirmation = load("confirmation")
 REF = 5.3
 BASELINE = {"max_num_seqs": 96, "max_num_batched_tokens": 2048, "num_replicas": 1}
 
