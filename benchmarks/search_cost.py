@@ -692,6 +692,13 @@ def beyond_baseline_report(
     return out
 
 
+def _summary_line(r: dict[str, Any]) -> str:
+    return (
+        f"median {r['median_engine_s']} engine-s (IQR {r['p25_engine_s']}-{r['p75_engine_s']}, "
+        f"{r['reached']}/{r['seeds']} reached) = {r['median_ratio_to_grid']} of the grid"
+    )
+
+
 def _rank(summary: dict[str, Any]) -> tuple[float, float]:
     """Lower is better: median engine-seconds, then the 75th percentile (unreached = infinite)."""
     return (
@@ -852,10 +859,7 @@ def compare(args: argparse.Namespace) -> None:
         flush=True,
     )
     for strategy, r in results.items():
-        line = (
-            f"{strategy:27s} median {r['median_engine_s']} engine-s (IQR {r['p25_engine_s']}-{r['p75_engine_s']}, "
-            f"{r['reached']}/{r['seeds']} reached) = {r['median_ratio_to_grid']} of the grid"
-        )
+        line = f"{strategy:27s} {_summary_line(r)}"
         if strategy in at_rule and at_rule[strategy] is not r:
             line += f"; at the rule ({rule}): median {at_rule[strategy]['median_engine_s']}"
         print(line, flush=True)
@@ -865,11 +869,7 @@ def compare(args: argparse.Namespace) -> None:
             flush=True,
         )
         for strategy, r in beyond_report.items():
-            print(
-                f"  {strategy:25s} median {r['median_engine_s']} engine-s (IQR {r['p25_engine_s']}-"
-                f"{r['p75_engine_s']}, {r['reached']}/{r['seeds']} reached) = {r['median_ratio_to_grid']} of the grid",
-                flush=True,
-            )
+            print(f"  {strategy:25s} {_summary_line(r)}", flush=True)
     print(
         f"goal (Optuna + ASHA <= 25% of the grid, ahead of random): {out['goal']}; wrote {_display(results_path)}",
         flush=True,
