@@ -4,12 +4,20 @@ get the load it is offered?
     .venv/bin/python benchmarks/capacity.py repeatability   # the baseline 5 times, fresh engines: ~25 min
     .venv/bin/python benchmarks/capacity.py fidelity        # two configs, tool vs vLLM bench serve: ~45 min
     .venv/bin/python benchmarks/capacity.py bursty          # BurstGPT and a Gamma CV 4 trace: ~10 min
+    .venv/bin/python benchmarks/capacity.py analyse         # where recorded repeatability spreads live
 
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
   a fresh engine each time, with the full measurement settings (`--settings full`: 200 measured requests
   and 20 s per step, 10% resolution) or the embedded demo's (`--settings demo`), and reports the
   coefficient of variation of the capacity (`--label KIND` records it as a section of its own,
-  `repeatability_SETTINGS_KIND`, beside another machine's).
+  `repeatability_SETTINGS_KIND`, beside another machine's). Before each run it times a fixed Python loop
+  (`host_probe_s`: the host's speed of the moment); each run also records its TPOT p50 at the reference
+  load (`ref_tpot_p50_ms`: the engine's decode speed far below saturation).
+- `analyse` reads every recorded repeatability series and says where its spread lives: the CV of an
+  interpolated crossing (where headroom crosses 1 inside the bracket: the runs without the bracket's
+  quantisation), the rank correlation of capacity with the host probe, the reference TPOT and the engine
+  start time, and the spread left within back-to-back pairs of runs (as the confirmation pairs configs).
+  Written to capacity_repeatability_spread.json.
 - `fidelity` measures two configs both ways, interleaved: the tool's trial (each serving given by
   `--servings`: vLLM's OpenAI server driven over HTTP by the tool's replay client, the default, and an
   in-process `AsyncLLM` in a Ray actor), and the peer: vLLM's OpenAI server started from the
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import statistics
 import sys
@@ -47,6 +56,7 @@ from common import machine, run_trial, start_local_ray, step_line, stop_ray  # n
 
 OUT = ROOT / "reports" / "benchmarks"
 RESULTS = OUT / "capacity.json"
+ANALYSIS = OUT / "capacity_repeatability_spread.json"
 SHARED = ROOT.parent / "shared" / "traces"
 # The measurement settings a careful user runs (the README's "full settings"), and the demo's.
 FULL = {
@@ -88,9 +98,57 @@ def _save(section: str, payload: dict[str, Any]) -> None:
     print(f"wrote {RESULTS} [{section}]", flush=True)
 
 
+def _host_probe() -> float:
+    """Seconds a fixed pure-Python loop (10^7 additions) takes now: the host's speed at that moment, taken
+    between trials when nothing of ours runs (0.18-0.26 s on the AVX-512 host here, 2026-12-04)."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(10**7):
+        total += i
+    return time.perf_counter() - started
+
+
+def crossing(capacity: float | None, loads: list[Any]) -> float | None:
+    """Where the SLO headroom crosses 1 inside the capacity's bracket, interpolated linearly in headroom
+    and geometrically in load between the highest pass below the lowest fail and that fail, in the
+    capacity's unit. A diagnostic, not a capacity: a continuous estimate, so that its spread over repeats
+    shows how much of the capacity's spread is the bracket's steps (quantisation) and how much the runs
+    themselves. None when no step failed (censored) or no step passed below the lowest fail. `loads` are
+    `_trial_summary`'s (load factor, arrival rps, passed, headroom, TTFT growth) rows; a fail whose
+    headroom is still >= 1 (failed on sustainability or attainment) puts the crossing mid-bracket."""
+    fails = [row for row in loads if not row[2]]
+    if capacity is None or not fails:
+        return None
+    lowest_fail = min(fails, key=lambda row: row[0])
+    passes = [row for row in loads if row[2] and row[0] < lowest_fail[0]]
+    if not passes:
+        return None
+    top = max(passes, key=lambda row: row[0])
+    h_pass, h_fail = top[3], max(lowest_fail[3], 0.0)
+    fraction = (h_pass - 1) / (h_pass - h_fail) if h_pass > 1 > h_fail else 0.5
+    return capacity * (lowest_fail[1] / top[1]) ** fraction
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float | None:
+    from scipy.stats import spearmanr
+
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return float(spearmanr(xs, ys).statistic)
+
+
+def _cv(values: list[float]) -> float:
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
+
+
 def _trial_summary(entry: dict[str, Any]) -> dict[str, Any]:
+    reference = next((s for s in entry["steps"] if abs(s["load_factor"] - 1.0) < 1e-9), None)
     return {
         "capacity": entry.get("capacity_rps_per_accel"),
+        # TPOT p50 at the reference load (far below saturation): how fast this run's engine decodes.
+        "ref_tpot_p50_ms": round(reference["tpot_p50_s"] * 1000, 2)
+        if reference and reference.get("tpot_p50_s") is not None
+        else None,
         "hi": entry.get("capacity_hi_rps_per_accel"),
         "censored": entry.get("capacity_censored"),
         "steps": len(entry["steps"]),
@@ -124,15 +182,21 @@ def repeatability(args: argparse.Namespace) -> None:
     start_local_ray()
     try:
         for repeat in range(args.repeats):
+            probe = _host_probe()
             entry = run_trial(context, params, f"repeat{repeat}", on_step=lambda r: print(step_line(r), flush=True))
-            runs.append(_trial_summary(entry))
-            print(f"repeat {repeat + 1}: {entry['status_reason']} ({entry['wall_s']:.0f}s)", flush=True)
+            runs.append({**_trial_summary(entry), "host_probe_s": round(probe, 3)})
+            print(
+                f"repeat {repeat + 1}: {entry['status_reason']} ({entry['wall_s']:.0f}s; host probe {probe:.2f}s)",
+                flush=True,
+            )
     finally:
         stop_ray()
     capacities = [r["capacity"] for r in runs]
-    cv = statistics.stdev(capacities) / statistics.fmean(capacities) if len(capacities) > 1 else 0.0
+    cv = _cv(capacities)
     his = [r["hi"] for r in runs if r["hi"]]
     print(f"capacity {capacities}: mean {statistics.fmean(capacities):.2f}, CV {cv:.1%}", flush=True)
+    spread = _spread(runs)
+    print(_spread_line(spread), flush=True)
     _save(
         f"repeatability_{args.settings}" + (f"_{args.label}" if args.label else ""),
         {
@@ -150,9 +214,66 @@ def repeatability(args: argparse.Namespace) -> None:
             if his
             else None,
             "mean_trial_wall_s": statistics.fmean(r["wall_s"] for r in runs),
+            **spread,
             "runs": runs,
         },
     )
+
+
+def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a repeatability series' spread lives: the CV of the interpolated crossing (`crossing`: the
+    same runs without the bracket's quantisation) and the rank correlation of capacity with what says how
+    fast each run's host and engine were (Spearman; None where a series lacks the figure or is constant)."""
+    capacities = [r["capacity"] for r in runs]
+    crossings = [crossing(r["capacity"], r["loads"]) for r in runs]
+    known = [c for c in crossings if c is not None]
+    correlations = {}
+    for name, key in (("host_probe_s", "host_probe_s"), ("ref_tpot_p50_ms", "ref_tpot_p50_ms"), ("start_s", "start_s")):
+        pairs = [(r["capacity"], r[key]) for r in runs if r.get(key) is not None]
+        correlations[name] = _spearman(*map(list, zip(*pairs, strict=True))) if len(pairs) == len(runs) > 2 else None
+    # Back-to-back runs as pairs (1st/2nd, 3rd/4th, ...), as the confirmation's paired rounds compare
+    # configs: if the host's speed drifts slowly, a pair shares most of it and its ratio spreads less
+    # than the capacities do. Both runs of a pair measure one config, so a log ratio's expectation is 0:
+    # the per-run noise left after pairing is the ratios' root mean square / sqrt(2), beside SD(log).
+    logs = [math.log(c) for c in capacities]
+    ratios = [logs[i + 1] - logs[i] for i in range(0, len(logs) - 1, 2)]
+    return {
+        "crossings": [round(c, 3) if c is not None else None for c in crossings],
+        "crossing_cv": _cv(known) if len(known) == len(runs) else None,
+        "spearman_capacity_vs": correlations,
+        "cv": _cv(capacities),
+        "sd_log": statistics.stdev(logs) if len(logs) > 1 else None,
+        "paired_sd_log": math.sqrt(statistics.fmean(r * r for r in ratios) / 2) if ratios else None,
+        "pairs": len(ratios),
+    }
+
+
+def _spread_line(spread: dict[str, Any]) -> str:
+    rho = ", ".join(f"{k} {v:+.2f}" for k, v in spread["spearman_capacity_vs"].items() if v is not None)
+    crossing_cv = spread["crossing_cv"]
+    return (
+        f"CV {spread['cv']:.1%}; interpolated crossing CV "
+        + (f"{crossing_cv:.1%}" if crossing_cv is not None else "n/a (a censored run)")
+        + (f"; Spearman of capacity with {rho}" if rho else "")
+        + (
+            f"; SD(log) {spread['sd_log']:.3f}, within back-to-back pairs {spread['paired_sd_log']:.3f} "
+            f"({spread['pairs']} pair{'s' if spread['pairs'] != 1 else ''})"
+            if spread["paired_sd_log"] is not None
+            else ""
+        )
+    )
+
+
+def analyse(args: argparse.Namespace) -> None:
+    """Every recorded repeatability series' spread (`_spread`), from the recorded runs: no engine."""
+    results = json.loads(RESULTS.read_text())
+    rows = {}
+    for section, payload in results.items():
+        if section.startswith("repeatability"):
+            rows[section] = _spread(payload["runs"])
+            print(f"{section} ({len(payload['runs'])} runs): {_spread_line(rows[section])}", flush=True)
+    ANALYSIS.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {ANALYSIS}", flush=True)
 
 
 # ----------------------------------------------------------------------------------------- fidelity
@@ -500,8 +621,9 @@ def main() -> None:
         help="how the tool serves its replicas, comma-separated (default: both)",
     )
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
+    commands.add_parser("analyse", help="where each recorded repeatability series' spread lives (no engine)")
     args = parser.parse_args()
-    {"repeatability": repeatability, "fidelity": fidelity, "bursty": bursty}[args.command](args)
+    {"repeatability": repeatability, "fidelity": fidelity, "bursty": bursty, "analyse": analyse}[args.command](args)
 
 
 if __name__ == "__main__":
