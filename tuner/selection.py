@@ -153,7 +153,10 @@ def verdict_summary(record: SearchRecord, trial: TrialRow, *, rejudged: bool) ->
     verdict = record.verdict
     if not verdict:
         return None
-    keys = ("ratio", "ci_low", "ci_high", "confidence", "distinguishable", "rounds", "tied_with", "tie_rule")
+    keys = (
+        *("ratio", "ci_low", "ci_high", "confidence", "distinguishable", "rounds", "tied_with", "tie_rule"),
+        *("power_at_gain", "gain_tested", "rounds_for_power"),  # could these rounds have seen a gain?
+    )
     summary = {k: verdict.get(k) for k in keys}
     summary["rounds_done"] = rounds_done(verdict)  # what the interval rests on
     summary["winner"] = verdict.get("winner")

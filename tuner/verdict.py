@@ -21,6 +21,11 @@ the baseline's p95 TTFT (TPOT, end-to-end) there, and the same t-interval (witho
 latency is measured directly) says how sure "x0.62 the baseline's TTFT p95" is. A round in which
 either side failed a request at that load (an infinite percentile) gives no pair.
 
+**Could the rounds have seen a gain?** A tie is only "the defaults are fine" when these rounds, at the
+spread of paired log-ratios they showed, would have declared a config `GAIN` (30%) better with computed
+probability `SENSITIVE` (95%, the standard `rounds_for` sizes the default rounds to); otherwise the
+verdict says how often they would have, and how many rounds would reach it (`Verdict.sensitivity`).
+
 **Censored and zero capacities are never divided.** A finalist that passed the highest load tried has
 only a lower bound (the ratio is ">= x"); a baseline that failed at every load tried has no capacity
 to divide by ("the baseline fails the SLO at every load tried").
@@ -37,6 +42,11 @@ from typing import Any
 from scipy import stats
 
 CONFIDENCE = 0.95
+# The gain the confirmation is sized to detect, and the computed power that stands for the 90% wanted
+# (`rounds_for`); a verdict of "not distinguishable" says when its own rounds fell short of it.
+GAIN = 1.3
+SENSITIVE = 0.95
+MAX_ROUNDS_ADVISED = 20
 TIE_RULE = "fewer accelerators, then lower TTFT p95 at the reference load"
 # The latencies at the reference load a confirmation measurement carries, with their names in the text.
 REFERENCE_LATENCIES = {"ref_ttft_p95_s": "TTFT p95", "ref_tpot_p95_s": "TPOT p95", "ref_e2e_p95_s": "end-to-end p95"}
@@ -153,6 +163,7 @@ class Comparison:
     text: str
     lower_bound: bool = False
     latency: tuple[LatencyComparison, ...] = ()  # at the reference load, when the rounds measured it
+    pair_sd: float | None = None  # the spread of the paired log-ratios the interval used (floor included)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +177,7 @@ class Comparison:
             "lower_bound": self.lower_bound,
             "text": self.text,
             "reference_latency": [c.as_dict() for c in self.latency],
+            "pair_sd": self.pair_sd,
         }
 
 
@@ -224,7 +236,7 @@ def compare(
             if distinguishable
             else f"not distinguishable from the baseline at this noise ({interval})"
         )
-    return Comparison(trial_id, n, confidence, ratio, low, high, distinguishable, text, lower_bound, latency)
+    return Comparison(trial_id, n, confidence, ratio, low, high, distinguishable, text, lower_bound, latency, s)
 
 
 @dataclass(frozen=True)
@@ -258,12 +270,46 @@ class Verdict:
                 return f"the baseline wins: the best finalist is {self.best.text}"
             if self.best.rounds < 2:  # no interval: nothing was measured either way
                 return f"{self.best.text}; the baseline stays, as nothing was shown to beat it"
-            return f"{self.best.text}; vLLM's defaults are fine for this traffic"
+            power, needed = self.sensitivity()
+            if power is None or power >= SENSITIVE:
+                return f"{self.best.text}; vLLM's defaults are fine for this traffic"
+            more = (
+                f"{needed} rounds would reach it (confirm.rounds: {needed})"
+                if needed is not None
+                else f"not even {MAX_ROUNDS_ADVISED} rounds would: compare on a quieter host"
+            )
+            return (
+                f"{self.best.text}; vLLM's defaults are kept, not shown to be the best: at the spread these "
+                f"{self.best.rounds} rounds showed, they would catch a config {GAIN - 1:.0%} better "
+                f"{power:.0%} of the time (computed, short of {SENSITIVE:.0%}); {more}"
+            )
         ties = f"; tied with {', '.join(self.tied_with)} (tie rule: {TIE_RULE})" if self.tied_with else ""
         return self.best.text + ties
 
+    def sensitivity(self) -> tuple[float | None, int | None]:
+        """How well these rounds could have seen a gain: the computed chance that they declare a config
+        `GAIN` times the baseline's capacity better, at the spread of paired log-ratios they showed, and
+        the fewest rounds that reach `SENSITIVE` at that spread (None beyond `MAX_ROUNDS_ADVISED`).
+        (None, None) without an interval. The spread is estimated from these few rounds, so it is a
+        guide, not a guarantee: the design value is `rounds_for` at the measured repeatability."""
+        best = self.best
+        if best is None or best.pair_sd is None or best.rounds < 2:
+            return None, None
+        finalists = max(len(self.comparisons), 1)
+        power = power_at(best.rounds, best.pair_sd, finalists=finalists)
+        needed = next(
+            (
+                r
+                for r in range(2, MAX_ROUNDS_ADVISED + 1)
+                if power_at(r, best.pair_sd, finalists=finalists) >= SENSITIVE
+            ),
+            None,
+        )
+        return power, needed
+
     def as_dict(self) -> dict[str, Any]:
         best = self.best
+        power, needed = self.sensitivity()
         return {
             "winner": self.winner,
             "baseline": self.baseline,
@@ -279,6 +325,9 @@ class Verdict:
             "comparisons": [c.as_dict() for c in self.comparisons],
             "notes": list(self.notes),
             "reason": self.reason,
+            "power_at_gain": power,
+            "gain_tested": GAIN,
+            "rounds_for_power": needed,
         }
 
 
@@ -407,23 +456,32 @@ def _overlap(a: Comparison, b: Comparison) -> bool:
     return a.ci_low <= b_high and b.ci_low <= a_high
 
 
-def detection_power(rounds: int, *, cv: float, resolution: float, gain: float = 1.3, finalists: int = 1) -> float:
+def detection_power(rounds: int, *, cv: float, resolution: float, gain: float = GAIN, finalists: int = 1) -> float:
     """Chance that `rounds` paired rounds declare a config `gain` times the baseline's capacity better,
     when one measurement's capacity varies with coefficient of variation `cv` and brackets are
     `resolution` wide (noncentral t; the per-pair spread is that of the difference of two such
     measurements, and at least the bracket floor of `compare`)."""
-    if rounds < 2:
-        return 0.0
     width = math.log1p(resolution)
     noise = 2 * math.log1p(cv**2)  # variance of a log-ratio of two lognormal measurements
     floor = 2 * width**2 / 12
-    sd = math.sqrt(max(noise + floor, floor))
+    return power_at(rounds, math.sqrt(max(noise + floor, floor)), gain=gain, finalists=finalists)
+
+
+def power_at(rounds: int, pair_sd: float, *, gain: float = GAIN, finalists: int = 1) -> float:
+    """Chance that `rounds` paired rounds whose log-ratios spread with SD `pair_sd` declare a config
+    `gain` times the baseline's capacity better (noncentral t, at `compare`'s Bonferroni level)."""
+    if rounds < 2:
+        return 0.0
     alpha = (1 - CONFIDENCE) / finalists
     critical = float(stats.t.ppf(1 - alpha / 2, rounds - 1))
-    return float(1 - stats.nct.cdf(critical, rounds - 1, math.log(gain) / (sd / math.sqrt(rounds))))
+    if pair_sd <= 0:
+        return 1.0
+    return float(1 - stats.nct.cdf(critical, rounds - 1, math.log(gain) / (pair_sd / math.sqrt(rounds))))
 
 
-def rounds_for(*, cv: float, resolution: float, power: float = 0.95, gain: float = 1.3, finalists: int = 1) -> int:
+def rounds_for(
+    *, cv: float, resolution: float, power: float = SENSITIVE, gain: float = GAIN, finalists: int = 1
+) -> int:
     """The fewest rounds whose `detection_power` reaches `power` (at most 10).
 
     The computed power is a little optimistic (a replay of the whole phase over 400 seeds, in the unit

@@ -899,6 +899,7 @@ def test_a_baseline_the_confirmation_could_not_beat_is_what_the_export_recommend
     best = json.loads((tmp_path / "out" / "best.json").read_text())
     assert best["verdict"]["distinguishable"] is False and best["verdict"]["applies"] is True
     assert {"ratio", "ci_low", "ci_high", "confidence", "rounds", "tied_with", "tie_rule"} <= set(best["verdict"])
+    assert {"power_at_gain", "gain_tested", "rounds_for_power"} <= set(best["verdict"])
     header = (tmp_path / "out" / "vllm-serve.yaml").read_text()
     assert "Confirmed in 4 paired rounds against the baseline: not distinguishable" in header
 

@@ -20,7 +20,15 @@ from stand_in import JumpEngine
 from tuner.capacity import CapacityPlan, Observation, bracket, next_step
 from tuner.confirm import REPEATABILITY_CV, finalists, run_confirmation, schedule, warm_plan
 from tuner.recorded import TrialRow
-from tuner.verdict import Measurement, compare, confirmation_lead, decide, detection_power, rounds_for
+from tuner.verdict import (
+    Measurement,
+    compare,
+    confirmation_lead,
+    decide,
+    detection_power,
+    power_at,
+    rounds_for,
+)
 
 REF = 5.3
 SEARCH_PLAN = CapacityPlan(start_factor=1, growth=2, max_factor=16, resolution=0.1)
@@ -215,6 +223,47 @@ def test_the_default_rounds_follow_from_the_measured_repeatability():
     assert rounds_for(cv=REPEATABILITY_CV, resolution=0.2) == 5
     assert rounds_for(cv=0.15, resolution=0.1) > 4, "noisier measurements need more rounds"
     assert detection_power(3, cv=REPEATABILITY_CV, resolution=0.2) < 0.9
+
+
+def test_a_tie_says_whether_its_rounds_could_have_seen_a_gain():
+    """ "Not distinguishable" from rounds too noisy to see a 30% gain is not "the defaults are fine": the
+    verdict says how often these rounds would have caught one, at the spread they showed, and how many
+    rounds would do."""
+    steady = decide({"a": [_m(31, 34)] * 4, "base": [_m(30, 33)] * 4}, "base")
+    assert "vLLM's defaults are fine for this traffic" in steady.text
+    power, _ = steady.sensitivity()
+    assert power is not None and power > 0.99
+    # The AVX-512 host's spread (CV about 7%): capacities one or two 9% steps apart from round to round.
+    noisy = decide(
+        {
+            "a": [_m(15.0, 16.4), _m(17.9, 19.5), _m(16.4, 17.9), _m(19.5, 21.3)],
+            "base": [_m(17.9, 19.5), _m(16.4, 17.9), _m(17.9, 19.5), _m(17.9, 19.5)],
+        },
+        "base",
+    )
+    assert noisy.winner == "base" and not noisy.distinguishable
+    power, needed = noisy.sensitivity()
+    assert power is not None and 0.3 < power < 0.95 and needed is not None and needed > 4
+    pair_sd = noisy.best.pair_sd
+    assert power == pytest.approx(power_at(4, pair_sd))
+    assert power_at(needed, pair_sd) >= 0.95 > power_at(needed - 1, pair_sd)
+    assert "defaults are fine" not in noisy.text
+    assert f"{power:.0%} of the time (computed, short of 95%)" in noisy.text
+    assert f"{needed} rounds would reach it (confirm.rounds: {needed})" in noisy.text
+    assert noisy.as_dict()["power_at_gain"] == power and noisy.as_dict()["rounds_for_power"] == needed
+    # The demo's 2 rounds at 20% resolution: identical brackets, and still hardly able to see a gain.
+    demo = decide({"a": [_m(35.7, 42.5)] * 2, "base": [_m(35.7, 42.5)] * 2}, "base")
+    assert demo.sensitivity()[0] < 0.5 and "defaults are fine" not in demo.text
+    # Spread no practical number of rounds overcomes: said so, with no number to set.
+    wild = decide({"a": [_m(5, 5.5), _m(40, 44), _m(10, 11)], "base": [_m(20, 22), _m(8, 8.8), _m(30, 33)]}, "base")
+    assert wild.sensitivity()[1] is None and "not even 20 rounds would" in wild.text
+
+
+def test_the_power_from_a_cv_is_the_power_at_its_pair_spread():
+    for rounds, cv, resolution in ((4, 0.049, 0.1), (5, 0.069, 0.2), (2, 0.1, 0.1)):
+        sd = math.sqrt(2 * math.log1p(cv**2) + 2 * math.log1p(resolution) ** 2 / 12)
+        assert detection_power(rounds, cv=cv, resolution=resolution) == pytest.approx(power_at(rounds, sd))
+    assert power_at(1, 0.05) == 0.0
 
 
 # --- the phase itself ---------------------------------------------------------------------------------------
