@@ -228,9 +228,10 @@ def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
     crossings = [crossing(r["capacity"], r["loads"]) for r in runs]
     known = [c for c in crossings if c is not None]
     correlations = {}
-    for name, key in (("host_probe_s", "host_probe_s"), ("ref_tpot_p50_ms", "ref_tpot_p50_ms"), ("start_s", "start_s")):
-        pairs = [(r["capacity"], r[key]) for r in runs if r.get(key) is not None]
-        correlations[name] = _spearman(*map(list, zip(*pairs, strict=True))) if len(pairs) == len(runs) > 2 else None
+    for key in ("host_probe_s", "ref_tpot_p50_ms", "start_s"):
+        values = [r.get(key) for r in runs]
+        known_all = len(runs) > 2 and all(v is not None for v in values)
+        correlations[key] = _spearman(capacities, values) if known_all else None
     # Back-to-back runs as pairs (1st/2nd, 3rd/4th, ...), as the confirmation's paired rounds compare
     # configs: if the host's speed drifts slowly, a pair shares most of it and its ratio spreads less
     # than the capacities do. Both runs of a pair measure one config, so a log ratio's expectation is 0:

@@ -472,10 +472,10 @@ def power_at(rounds: int, pair_sd: float, *, gain: float = GAIN, finalists: int 
     `gain` times the baseline's capacity better (noncentral t, at `compare`'s Bonferroni level)."""
     if rounds < 2:
         return 0.0
-    alpha = (1 - CONFIDENCE) / finalists
-    critical = float(stats.t.ppf(1 - alpha / 2, rounds - 1))
     if pair_sd <= 0:
         return 1.0
+    alpha = (1 - CONFIDENCE) / finalists
+    critical = float(stats.t.ppf(1 - alpha / 2, rounds - 1))
     return float(1 - stats.nct.cdf(critical, rounds - 1, math.log(gain) / (pair_sd / math.sqrt(rounds))))
 
 
