@@ -36,15 +36,16 @@ def main() -> None:
 
     from tuner.verdict import detection_power
 
-    test_verdict.REPEATABILITY_CV = args.cv  # `_declared` draws each measurement's noise from it
     rows = []
     for resolution, rounds_list in CELLS:
         for rounds in rounds_list:
             wins = sum(
-                test_verdict._declared(seed, [1.3], rounds, resolution) == (True, "f0") for seed in range(args.seeds)
+                test_verdict._declared(seed, [1.3], rounds, resolution, args.cv) == (True, "f0")
+                for seed in range(args.seeds)
             )
             false = sum(
-                test_verdict._declared(10_000 + seed, [1.0], rounds, resolution)[0] for seed in range(args.seeds)
+                test_verdict._declared(10_000 + seed, [1.0], rounds, resolution, args.cv)[0]
+                for seed in range(args.seeds)
             )
             row = {
                 "resolution": resolution,

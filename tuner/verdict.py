@@ -297,15 +297,7 @@ class Verdict:
             return None, None
         finalists = max(len(self.comparisons), 1)
         power = power_at(best.rounds, best.pair_sd, finalists=finalists)
-        needed = next(
-            (
-                r
-                for r in range(2, MAX_ROUNDS_ADVISED + 1)
-                if power_at(r, best.pair_sd, finalists=finalists) >= SENSITIVE
-            ),
-            None,
-        )
-        return power, needed
+        return power, fewest_rounds(best.pair_sd, most=MAX_ROUNDS_ADVISED, finalists=finalists)
 
     def as_dict(self) -> dict[str, Any]:
         best = self.best
@@ -461,10 +453,16 @@ def detection_power(rounds: int, *, cv: float, resolution: float, gain: float = 
     when one measurement's capacity varies with coefficient of variation `cv` and brackets are
     `resolution` wide (noncentral t; the per-pair spread is that of the difference of two such
     measurements, and at least the bracket floor of `compare`)."""
+    return power_at(rounds, _pair_sd(cv, resolution), gain=gain, finalists=finalists)
+
+
+def _pair_sd(cv: float, resolution: float) -> float:
+    """The SD of a paired log-ratio of two measurements with capacity noise `cv` and brackets `resolution`
+    wide: the difference of two lognormals, and at least the bracket floor of `compare`."""
     width = math.log1p(resolution)
     noise = 2 * math.log1p(cv**2)  # variance of a log-ratio of two lognormal measurements
     floor = 2 * width**2 / 12
-    return power_at(rounds, math.sqrt(max(noise + floor, floor)), gain=gain, finalists=finalists)
+    return math.sqrt(max(noise + floor, floor))
 
 
 def power_at(rounds: int, pair_sd: float, *, gain: float = GAIN, finalists: int = 1) -> float:
@@ -487,7 +485,12 @@ def rounds_for(
     The computed power is a little optimistic (a replay of the whole phase over 400 seeds, in the unit
     tests, finds up to 5 points less at 20% resolution), so 95% computed stands for the 90% wanted.
     """
-    for rounds in range(2, 11):
-        if detection_power(rounds, cv=cv, resolution=resolution, gain=gain, finalists=finalists) >= power:
-            return rounds
-    return 10
+    found = fewest_rounds(_pair_sd(cv, resolution), most=10, power=power, gain=gain, finalists=finalists)
+    return found if found is not None else 10
+
+
+def fewest_rounds(
+    pair_sd: float, *, most: int, power: float = SENSITIVE, gain: float = GAIN, finalists: int = 1
+) -> int | None:
+    """The fewest rounds (2 to `most`) whose `power_at` this spread reaches `power`; None if none does."""
+    return next((r for r in range(2, most + 1) if power_at(r, pair_sd, gain=gain, finalists=finalists) >= power), None)

@@ -167,9 +167,12 @@ def _measure(plan: CapacityPlan, true_capacity: float, rng: np.random.Generator)
     return Measurement(found.capacity, found.hi)
 
 
-def _declared(seed: int, gains: list[float], rounds: int, resolution: float) -> tuple[bool, str]:
+def _declared(
+    seed: int, gains: list[float], rounds: int, resolution: float, cv: float = REPEATABILITY_CV
+) -> tuple[bool, str]:
     """One search-then-confirm through `run_confirmation`: (distinguishable declared, winner) for
-    finalists at `gains` x the baseline's true capacity."""
+    finalists at `gains` x the baseline's true capacity, each measurement's noise lognormal(0, `cv`)
+    (benchmarks/verdict_replay.py replays it at a host's measured CV)."""
     from trainables.trial import TrialContext
 
     rng = np.random.default_rng(seed)
@@ -177,11 +180,11 @@ def _declared(seed: int, gains: list[float], rounds: int, resolution: float) -> 
     truths = {"base": 35.0, **{f"f{i}": 35.0 * g for i, g in enumerate(gains)}}
     trials = []
     for name, truth in truths.items():  # the search: one measurement each
-        searched = _measure(plan, truth * rng.lognormal(0, REPEATABILITY_CV), rng)
+        searched = _measure(plan, truth * rng.lognormal(0, cv), rng)
         trials.append(_outcome(name, searched.capacity, searched.hi, truth=truth))
 
     def measure(context, params, trial_id):
-        found = _measure(context.plan, params["truth"] * rng.lognormal(0, REPEATABILITY_CV), rng)
+        found = _measure(context.plan, params["truth"] * rng.lognormal(0, cv), rng)
         result = {"capacity_rps_per_accel": found.capacity, "trial_status": "completed"}
         if found.hi is not None:
             result["capacity_hi_rps_per_accel"] = found.hi
