@@ -4,6 +4,7 @@ get the load it is offered?
     .venv/bin/python benchmarks/capacity.py repeatability   # the baseline 5 times, fresh engines: ~25 min
     .venv/bin/python benchmarks/capacity.py fidelity        # two configs, tool vs vLLM bench serve: ~45 min
     .venv/bin/python benchmarks/capacity.py bursty          # BurstGPT and a Gamma CV 4 trace: ~10 min
+    .venv/bin/python benchmarks/capacity.py engines         # 5 engines x 3 searches each: ~50 min
     .venv/bin/python benchmarks/capacity.py analyse         # where recorded repeatability spreads live
 
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
@@ -13,11 +14,17 @@ get the load it is offered?
   `repeatability_SETTINGS_KIND`, beside another machine's). Before each run it times a fixed Python loop
   (`host_probe_s`: the host's speed of the moment); each run also records its TPOT p50 at the reference
   load (`ref_tpot_p50_ms`: the engine's decode speed far below saturation).
+- `engines` asks whether that spread comes with each fresh engine or with each search: it runs the same
+  capacity search `--searches` times on each of `--engines` fresh pools (same steps, seeds and samples:
+  only the engine and the moment differ), splits the log capacities' variance into within an engine and
+  between engines (one-way random effects, scipy's F test of one common level), and tabulates how often
+  each load passed over all searches (the pass probability around the breaking point). Each step records
+  the host's CPU steal while it ran (`host_steal`, from /proc/stat: a shared host's noise).
 - `analyse` reads every recorded repeatability series and says where its spread lives: the CV of an
   interpolated crossing (where headroom crosses 1 inside the bracket: the runs without the bracket's
   quantisation), the rank correlation of capacity with the host probe, the reference TPOT and the engine
-  start time, and the spread left within back-to-back pairs of runs (as the confirmation pairs configs).
-  Written to capacity_repeatability_spread.json.
+  start time, and the spread left within back-to-back pairs of runs (as the confirmation pairs configs);
+  and every `engines` series' split and pass table. Written to capacity_repeatability_spread.json.
 - `fidelity` measures two configs both ways, interleaved: the tool's trial (each serving given by
   `--servings`: vLLM's OpenAI server driven over HTTP by the tool's replay client, the default, and an
   in-process `AsyncLLM` in a Ray actor), and the peer: vLLM's OpenAI server started from the
@@ -53,6 +60,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import machine, run_trial, start_local_ray, step_line, stop_ray  # noqa: E402
+
+from tuner.vocabulary import STATUS_REASON_TAG  # noqa: E402
 
 OUT = ROOT / "reports" / "benchmarks"
 RESULTS = OUT / "capacity.json"
@@ -165,6 +174,11 @@ def _trial_summary(entry: dict[str, Any]) -> dict[str, Any]:
             )
             for s in entry["steps"]
         ],
+        **(
+            {"host_steal": [None if s.get("host_steal") is None else round(s["host_steal"], 4) for s in entry["steps"]]}
+            if any("host_steal" in s for s in entry["steps"])
+            else {}
+        ),
     }
 
 
@@ -264,15 +278,181 @@ def _spread_line(spread: dict[str, Any]) -> str:
 
 
 def analyse(args: argparse.Namespace) -> None:
-    """Every recorded repeatability series' spread (`_spread`), from the recorded runs: no engine."""
+    """Every recorded repeatability series' spread (`_spread`) and every `engines` series' split
+    (`_engines_summary`), from the recorded runs: no engine."""
     results = json.loads(RESULTS.read_text())
     rows = {}
     for section, payload in results.items():
         if section.startswith("repeatability"):
             rows[section] = _spread(payload["runs"])
             print(f"{section} ({len(payload['runs'])} runs): {_spread_line(rows[section])}", flush=True)
+        elif section.startswith("engines"):
+            rows[section] = {k: v for k, v in _engines_summary(payload["runs"]).items() if k != "capacities"}
+            print(f"{section} ({payload['engines']} engines x {payload['searches']}): {_engines_line(rows[section])}")
     ANALYSIS.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {ANALYSIS}", flush=True)
+
+
+# ----------------------------------------------------------------------------- engine vs run spread
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat, or None off Linux. Steal is the time this
+    virtual machine's vCPUs were ready to run but the hypervisor ran someone else: a shared host's noise
+    that no process of ours can see otherwise."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is inside user already.
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def _steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time stolen by the hypervisor between two `_cpu_times` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def _search_on(runner: Any, on_step: Any) -> dict[str, Any]:
+    """One more capacity search on `runner`'s pool, already started and warm: the same steps, seeds and
+    samples as a search on a fresh pool (the step's seed is its number), its own trial time limit. Each
+    step also records the host's steal while it ran (`host_steal`, None off Linux)."""
+    runner.steps, runner.ref_records, runner._began = [], None, time.perf_counter()
+    runner._faults_left = list(runner.context.faults)
+    began, steps = time.perf_counter(), []
+    times = _cpu_times()
+    while True:
+        result = runner.next_step()
+        now = _cpu_times()
+        steal = _steal_fraction(times, now)
+        times = now
+        steps.append({**{k: v for k, v in result.items() if k != "done"}, "host_steal": steal})
+        on_step(result)
+        if result["done"]:
+            break
+    return {
+        "steps": steps,
+        "wall_s": round(time.perf_counter() - began, 3),
+        "start_s": round(runner.start_s, 3),
+        "status_reason": steps[-1][STATUS_REASON_TAG],
+        **{k: steps[-1].get(k) for k in ("capacity_rps_per_accel", "capacity_hi_rps_per_accel", "capacity_censored")},
+    }
+
+
+def pass_by_load(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Over many searches of one config: at each nominal load, how often a step there passed, and the
+    headroom of its passes and fails (the pass probability around the breaking point, from the
+    `_trial_summary` rows). Loads keyed to 3 decimals of the load factor, in increasing order."""
+    by_load: dict[float, list[tuple[bool, float]]] = {}
+    for run in runs:
+        for row in run["loads"]:
+            by_load.setdefault(round(row[0], 3), []).append((bool(row[2]), row[3]))
+    return [
+        {
+            "load_factor": factor,
+            "steps": len(rows),
+            "passed": sum(ok for ok, _ in rows),
+            "pass_headroom": sorted(h for ok, h in rows if ok),
+            "fail_headroom": sorted(h for ok, h in rows if not ok),
+        }
+        for factor, rows in sorted(by_load.items())
+    ]
+
+
+def _variance_components(groups: list[list[float]]) -> dict[str, Any]:
+    """One-way random-effects split of log capacity: the spread between searches on one engine (within)
+    and the spread of engines' own levels (between, the part a fresh engine adds), with the F test of
+    "every engine has the same level" (scipy's f_oneway)."""
+    from scipy.stats import f_oneway
+
+    logs = [[math.log(c) for c in group] for group in groups]
+    n = statistics.fmean(len(g) for g in logs)
+    ms_within = statistics.fmean(statistics.variance(g) for g in logs)
+    ms_between = n * statistics.variance([statistics.fmean(g) for g in logs])
+    test = f_oneway(*logs)
+    return {
+        "sd_log_within_engine": math.sqrt(ms_within),
+        "sd_log_between_engines": math.sqrt(max(0.0, (ms_between - ms_within) / n)),
+        "sd_log_all": statistics.stdev([x for g in logs for x in g]),
+        "f": float(test.statistic),
+        "p_same_level": float(test.pvalue),
+    }
+
+
+def engines(args: argparse.Namespace) -> None:
+    """The baseline's capacity searched `--searches` times on each of `--engines` fresh pools: is the
+    repeatability spread a property of each engine's start (between) or of each search (within)?"""
+    from trainables.trial import TrialRunner, driver_pool_factory
+    from tuner.search import trial_context
+
+    prepared = _prepared(_settings(args.settings))
+    context = trial_context(prepared)
+    params = dict(prepared.baseline)
+    print(f"baseline {params}: {args.engines} engines x {args.searches} searches, settings {args.settings}", flush=True)
+    rows: list[list[dict[str, Any]]] = []
+    start_local_ray()
+    try:
+        for engine in range(args.engines):
+            probe = _host_probe()
+            runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=f"engine{engine}")
+            runs = []
+            try:
+                runner.start()
+                if runner.failure is not None:
+                    raise SystemExit(f"engine {engine} failed to start: {runner.failure}")
+                for search in range(args.searches):
+                    entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
+                    runs.append({**_trial_summary(entry), "host_probe_s": round(probe, 3)})
+                    print(f"engine {engine + 1} search {search + 1}: {entry['status_reason']}", flush=True)
+            finally:
+                runner.close()
+            rows.append(runs)
+    finally:
+        stop_ray()
+    summary = _engines_summary(rows)
+    print(f"capacities by engine {summary['capacities']}", flush=True)
+    print(_engines_line(summary), flush=True)
+    _save(
+        f"engines_{args.settings}" + (f"_{args.label}" if args.label else ""),
+        {
+            "params": params,
+            "settings": args.settings,
+            "overrides": _settings(args.settings),
+            "engines": args.engines,
+            "searches": args.searches,
+            **summary,
+            "runs": rows,
+        },
+    )
+
+
+def _engines_summary(rows: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """What an `engines` series says: its variance split, the CV of each engine's first search (what
+    `repeatability` measures) and of every search, the mean by search order, and the pass probability
+    by load over all its searches."""
+    capacities = [[r["capacity"] for r in runs] for runs in rows]
+    every = [c for group in capacities for c in group]
+    searches = min(len(group) for group in capacities)
+    return {
+        "capacities": capacities,
+        **_variance_components(capacities),
+        "first_search_cv": _cv([group[0] for group in capacities]),
+        "cv_all": _cv(every),
+        "median": statistics.median(every),
+        "mean_by_order": [statistics.fmean(group[i] for group in capacities) for i in range(searches)],
+        "pass_by_load": pass_by_load([run for runs in rows for run in runs]),
+    }
+
+
+def _engines_line(summary: dict[str, Any]) -> str:
+    loads = ", ".join(f"{row['load_factor']:g}x {row['passed']}/{row['steps']}" for row in summary["pass_by_load"])
+    return (
+        f"SD(log) within an engine {summary['sd_log_within_engine']:.3f}, between engines "
+        f"{summary['sd_log_between_engines']:.3f} (p same level {summary['p_same_level']:.3f}); first search "
+        f"on each engine CV {summary['first_search_cv']:.1%}, all CV {summary['cv_all']:.1%}; passed by load: " + loads
+    )
 
 
 # ----------------------------------------------------------------------------------------- fidelity
@@ -619,10 +799,17 @@ def main() -> None:
         default="openai-server,in-process",
         help="how the tool serves its replicas, comma-separated (default: both)",
     )
+    eng = commands.add_parser("engines", help="the baseline searched several times on each of several engines")
+    eng.add_argument("--engines", type=int, default=4)
+    eng.add_argument("--searches", type=int, default=3)
+    eng.add_argument("--settings", choices=("full", "demo"), default="full")
+    eng.add_argument("--label", default="", help="suffix of the results section (engines_SETTINGS_LABEL)")
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
     commands.add_parser("analyse", help="where each recorded repeatability series' spread lives (no engine)")
     args = parser.parse_args()
-    {"repeatability": repeatability, "fidelity": fidelity, "bursty": bursty, "analyse": analyse}[args.command](args)
+    {"repeatability": repeatability, "engines": engines, "fidelity": fidelity, "bursty": bursty, "analyse": analyse}[
+        args.command
+    ](args)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ of a repeatability series' spread (no engine is started here)."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
@@ -76,3 +77,68 @@ def test_back_to_back_pairs_remove_a_drift_they_share():
     shuffled = capacity._spread([{"capacity": c, "loads": []} for c in (10.0, 20.0, 21.0, 10.5)])
     assert shuffled["paired_sd_log"] > 0.3  # the drift falls between a pair's runs: nothing removed
     assert capacity._spread(runs[:1])["paired_sd_log"] is None  # one run is no pair
+
+
+def test_the_engines_split_puts_the_spread_where_it_lives():
+    """One-way random-effects split of log capacity: searches repeated on one engine (within) against
+    engines' own levels (between, what a fresh engine adds)."""
+    # Each engine repeats the same two values: all the spread is within an engine, none between.
+    same_levels = capacity._variance_components([[10.0, 20.0], [20.0, 10.0], [10.0, 20.0]])
+    assert same_levels["sd_log_between_engines"] == pytest.approx(0.0)
+    assert same_levels["sd_log_within_engine"] == pytest.approx(math.log(2) / math.sqrt(2))
+    assert same_levels["p_same_level"] == pytest.approx(1.0)
+    # Engines at 10 and 20, each repeating within 10%: nearly all the spread is between engines.
+    levels = capacity._variance_components([[10.0, 11.0], [20.0, 22.0], [10.0, 11.0], [20.0, 22.0]])
+    assert levels["sd_log_within_engine"] == pytest.approx(math.log(1.1) / math.sqrt(2))
+    assert levels["sd_log_between_engines"] > 5 * levels["sd_log_within_engine"]
+    assert levels["p_same_level"] < 0.001
+
+
+def test_pass_by_load_counts_every_search_step_at_each_load():
+    runs = [
+        {"loads": [(1.0, 5.0, True, 6.0, 0.0), (2.0, 10.0, True, 4.0, 0.0), (4.0, 20.0, False, 0.1, 0.2)]},
+        {"loads": [(1.0, 5.0, True, 5.0, 0.0), (2.0, 10.0, False, 0.2, 0.2), (1.4142, 7.1, True, 2.5, 0.0)]},
+    ]
+    table = capacity.pass_by_load(runs)
+    assert [row["load_factor"] for row in table] == [1.0, 1.414, 2.0, 4.0]
+    assert [(row["passed"], row["steps"]) for row in table] == [(2, 2), (1, 1), (1, 2), (0, 1)]
+    assert table[2]["pass_headroom"] == [4.0] and table[2]["fail_headroom"] == [0.2]
+    summary = capacity._engines_summary(
+        [[{"capacity": 20.0, **runs[0]}, {"capacity": 10.0, **runs[1]}], [{"capacity": 20.0, **runs[0]}] * 2]
+    )
+    assert summary["capacities"] == [[20.0, 10.0], [20.0, 20.0]]
+    assert summary["first_search_cv"] == 0.0 and summary["cv_all"] > 0.2
+    assert summary["mean_by_order"] == [20.0, 15.0] and summary["median"] == 20.0
+    assert summary["pass_by_load"][-1] == {
+        "load_factor": 4.0,
+        "steps": 3,
+        "passed": 0,
+        "pass_headroom": [],
+        "fail_headroom": [0.1, 0.1, 0.1],
+    }
+
+
+def test_the_hosts_steal_is_a_share_of_cpu_time_between_readings():
+    assert capacity._steal_fraction((10, 1000), (60, 2000)) == pytest.approx(0.05)
+    assert capacity._steal_fraction(None, (60, 2000)) is None
+    assert capacity._steal_fraction((10, 1000), (10, 1000)) is None  # no time passed: no figure
+    reading = capacity._cpu_times()  # Linux here: steal never exceeds the total
+    assert reading is not None and 0 <= reading[0] <= reading[1]
+
+
+def test_the_verdict_replay_draws_each_recorded_runs_breaking_point_over_its_series_median(tmp_path, monkeypatch):
+    replay = load("verdict_replay")
+    bracketed = [(2.0, 10.0, True, 3.0, 0.0), (4.0, 20.0, False, 0.0, 0.3)]  # crossing 10 * 2 ** (2 / 3)
+    recorded = {
+        "repeatability_x": {"runs": [{"capacity": c, "loads": []} for c in (10.0, 10.0, 20.0)]},
+        "engines_x": {"runs": [[{"capacity": 30.0, "loads": []}, {"capacity": 10.0, "loads": bracketed}]]},
+    }
+    monkeypatch.setattr(replay, "CAPACITY", tmp_path / "capacity.json")
+    replay.CAPACITY.write_text(json.dumps(recorded))
+    # Each series centred on its own median (levels move between nights); no fail, no crossing: the capacity.
+    assert replay.recorded_factors(["repeatability_x"]) == [1.0, 1.0, 2.0]
+    low = 10.0 * 2 ** (2 / 3)
+    middle = (30.0 + low) / 2
+    assert replay.recorded_factors(["engines_x"]) == pytest.approx([30.0 / middle, low / middle])
+    with pytest.raises(ValueError, match="no section 'nope'"):
+        replay.recorded_factors(["nope"])

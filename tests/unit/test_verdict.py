@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -168,23 +169,30 @@ def _measure(plan: CapacityPlan, true_capacity: float, rng: np.random.Generator)
 
 
 def _declared(
-    seed: int, gains: list[float], rounds: int, resolution: float, cv: float = REPEATABILITY_CV
+    seed: int,
+    gains: list[float],
+    rounds: int,
+    resolution: float,
+    cv: float = REPEATABILITY_CV,
+    noise: Callable[[np.random.Generator], float] | None = None,
 ) -> tuple[bool, str]:
     """One search-then-confirm through `run_confirmation`: (distinguishable declared, winner) for
-    finalists at `gains` x the baseline's true capacity, each measurement's noise lognormal(0, `cv`)
-    (benchmarks/verdict_replay.py replays it at a host's measured CV)."""
+    finalists at `gains` x the baseline's true capacity, each measurement's noise lognormal(0, `cv`), or
+    the factor `noise(rng)` draws (benchmarks/verdict_replay.py replays it at a host's measured CV, or
+    its recorded capacities' own spread)."""
     from trainables.trial import TrialContext
 
     rng = np.random.default_rng(seed)
+    draw = noise or (lambda r: r.lognormal(0, cv))
     plan = CapacityPlan(start_factor=1, growth=2, max_factor=16, resolution=resolution)
     truths = {"base": 35.0, **{f"f{i}": 35.0 * g for i, g in enumerate(gains)}}
     trials = []
     for name, truth in truths.items():  # the search: one measurement each
-        searched = _measure(plan, truth * rng.lognormal(0, cv), rng)
+        searched = _measure(plan, truth * draw(rng), rng)
         trials.append(_outcome(name, searched.capacity, searched.hi, truth=truth))
 
     def measure(context, params, trial_id):
-        found = _measure(context.plan, params["truth"] * rng.lognormal(0, cv), rng)
+        found = _measure(context.plan, params["truth"] * draw(rng), rng)
         result = {"capacity_rps_per_accel": found.capacity, "trial_status": "completed"}
         if found.hi is not None:
             result["capacity_hi_rps_per_accel"] = found.hi
