@@ -288,7 +288,10 @@ def analyse(args: argparse.Namespace) -> None:
             print(f"{section} ({len(payload['runs'])} runs): {_spread_line(rows[section])}", flush=True)
         elif section.startswith("engines"):
             rows[section] = {k: v for k, v in _engines_summary(payload["runs"]).items() if k != "capacities"}
-            print(f"{section} ({payload['engines']} engines x {payload['searches']}): {_engines_line(rows[section])}")
+            print(
+                f"{section} ({payload['engines']} engines x {payload['searches']}): {_engines_line(rows[section])}",
+                flush=True,
+            )
     ANALYSIS.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {ANALYSIS}", flush=True)
 
@@ -800,13 +803,15 @@ def main() -> None:
         help="how the tool serves its replicas, comma-separated (default: both)",
     )
     eng = commands.add_parser("engines", help="the baseline searched several times on each of several engines")
-    eng.add_argument("--engines", type=int, default=4)
-    eng.add_argument("--searches", type=int, default=3)
+    eng.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
+    eng.add_argument("--searches", type=int, default=3, help="searches on each pool, at least 2 (default 3)")
     eng.add_argument("--settings", choices=("full", "demo"), default="full")
     eng.add_argument("--label", default="", help="suffix of the results section (engines_SETTINGS_LABEL)")
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
     commands.add_parser("analyse", help="where each recorded repeatability series' spread lives (no engine)")
     args = parser.parse_args()
+    if args.command == "engines" and min(args.engines, args.searches) < 2:
+        parser.error("engines: --engines and --searches must each be at least 2 (a spread needs two of each)")
     {"repeatability": repeatability, "engines": engines, "fidelity": fidelity, "bursty": bursty, "analyse": analyse}[
         args.command
     ](args)
