@@ -107,6 +107,15 @@ def _save(section: str, payload: dict[str, Any]) -> None:
     print(f"wrote {RESULTS} [{section}]", flush=True)
 
 
+def _save_series(kind: str, args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    """A command's results as the section KIND_SETTINGS[_LABEL], with the measurement settings it ran."""
+    label = getattr(args, "label", "")
+    _save(
+        f"{kind}_{args.settings}" + (f"_{label}" if label else ""),
+        {"settings": args.settings, "overrides": _settings(args.settings), **payload},
+    )
+
+
 def _host_probe() -> float:
     """Seconds a fixed pure-Python loop (10^7 additions) takes now: the host's speed at that moment, taken
     between trials when nothing of ours runs (0.18-0.26 s on the AVX-512 host here, 2026-12-04)."""
@@ -210,12 +219,11 @@ def repeatability(args: argparse.Namespace) -> None:
     spread = _spread(runs)  # the CV among the rest
     print(f"capacity {capacities}: mean {statistics.fmean(capacities):.2f}", flush=True)
     print(_spread_line(spread), flush=True)
-    _save(
-        f"repeatability_{args.settings}" + (f"_{args.label}" if args.label else ""),
+    _save_series(
+        "repeatability",
+        args,
         {
             "params": params,
-            "settings": args.settings,
-            "overrides": _settings(args.settings),
             "plan": dataclasses.asdict(context.plan),
             "repeats": args.repeats,
             "capacities": capacities,
@@ -417,12 +425,11 @@ def engines(args: argparse.Namespace) -> None:
     summary = _engines_summary(rows)
     print(f"capacities by engine {summary['capacities']}", flush=True)
     print(_engines_line(summary), flush=True)
-    _save(
-        f"engines_{args.settings}" + (f"_{args.label}" if args.label else ""),
+    _save_series(
+        "engines",
+        args,
         {
             "params": params,
-            "settings": args.settings,
-            "overrides": _settings(args.settings),
             "engines": args.engines,
             "searches": args.searches,
             **summary,
@@ -640,11 +647,10 @@ def fidelity(args: argparse.Namespace) -> None:
                 f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}",
                 flush=True,
             )
-    _save(
-        f"fidelity_{args.settings}",
+    _save_series(
+        "fidelity",
+        args,
         {
-            "settings": args.settings,
-            "overrides": _settings(args.settings),
             "plan": dataclasses.asdict(trial_context(prepared).plan),
             "slo": prepared.config.slo,
             "repeats": args.repeats,
