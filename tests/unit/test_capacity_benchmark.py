@@ -142,3 +142,66 @@ def test_the_verdict_replay_draws_each_recorded_runs_breaking_point_over_its_ser
     assert replay.recorded_factors(["engines_x"]) == pytest.approx([30.0 / middle, low / middle])
     with pytest.raises(ValueError, match="no section 'nope'"):
         replay.recorded_factors(["nope"])
+
+
+class _Scripted:
+    """A random source returning scripted values, then 0.5."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def random(self):
+        return self.values.pop(0) if self.values else 0.5
+
+
+def _breaks_at_two(factor):  # passes below 1.9x, a coin flip at 2x, fails from 3x
+    return 1.0 if factor < 1.9 else (0.5 if factor < 3 else 0.0)
+
+
+def test_the_rule_replay_decides_a_load_by_its_rule():
+    rules = load("capacity_rules")
+    assert rules._decided("once", [False]) is False
+    assert rules._decided("two_strikes", [False]) is None
+    assert rules._decided("two_strikes", [False, True]) is True
+    assert rules._decided("two_strikes", [False, False]) is False
+    assert rules._decided("majority", [False, True]) is None
+    assert rules._decided("majority", [False, True, False]) is False
+    assert rules._decided("majority", [False, True, True]) is True
+    assert rules._decided("majority", [False, False]) is False
+    assert rules._decided("majority", [True]) is True
+
+
+def test_the_rule_replay_measures_the_searchs_lowest_failure_again_and_searches_on_above_it():
+    """vLLM-free: the real planner with scripted draws. 1x passes, 2x fails once (0.9 > 0.5): today's
+    rule refines below 2x; `majority` measures 2x again, and two passes there make it a pass, so the
+    search goes on above 2x and its capacity is 2x; one more failure there confirms it."""
+    rules = load("capacity_rules")
+    from tuner.capacity import CapacityPlan
+
+    plan = CapacityPlan(resolution=0.1)
+    capacity, measurements = rules.search(plan, "once", _breaks_at_two, _Scripted([0.0, 0.9]))
+    assert capacity == pytest.approx(2 ** (7 / 8)) and measurements == 5  # 1x, 2x, then 2^(1/2, 3/4, 7/8)
+    # 1x, 2x fails; refined to 2^(7/8); 2x again: passes (0.1), then passes (0.2): search on above 2x.
+    capacity, measurements = rules.search(plan, "majority", _breaks_at_two, _Scripted([0.0, 0.9, 0, 0, 0, 0.1, 0.2]))
+    assert capacity == pytest.approx(2.0) and measurements > 7
+    capacity, measurements = rules.search(plan, "majority", _breaks_at_two, _Scripted([0.0, 0.9, 0, 0, 0, 0.1, 0.9]))
+    assert capacity == pytest.approx(2 ** (7 / 8)) and measurements == 7
+    capacity, _ = rules.search(plan, "two_strikes", _breaks_at_two, _Scripted([0.0, 0.9, 0, 0, 0, 0.1]))
+    assert capacity == pytest.approx(2.0)
+
+
+def test_the_rule_replay_makes_pass_rates_fall_with_load_and_summarises_searches():
+    rules = load("capacity_rules")
+    table = [
+        {"load_factor": 1.0, "steps": 10, "passed": 10},
+        {"load_factor": 2.0, "steps": 10, "passed": 8},
+        {"load_factor": 4.0, "steps": 10, "passed": 9},  # noise: pooled with 2x to 0.85 each
+        {"load_factor": 8.0, "steps": 10, "passed": 0},
+    ]
+    p = rules.pass_rate(table)
+    assert p(0.5) == 1.0 and p(2.0) == pytest.approx(0.85) and p(4.0) == pytest.approx(0.85)
+    assert p(2**0.5) == pytest.approx(0.925) and p(16.0) == 0.0
+    summary = rules.figures([10.0, 10.0, 10.0, 10.0, 10.0, 7.0, 10.0, 10.0, 10.0, 10.0], [5, 7] * 5)
+    assert summary["deep"] == pytest.approx(0.1)  # 7 is below 80% of the median 10
+    assert summary["cv5_within_5pct"] == pytest.approx(0.5)  # the first five agree, the second five do not
+    assert summary["measurements"] == 6.0
