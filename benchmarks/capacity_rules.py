@@ -70,13 +70,15 @@ def pass_rate(table: Sequence[dict[str, Any]]) -> Callable[[float], float]:
 
 def _decided(rule: str, tries: Sequence[bool]) -> bool | None:
     """The verdict of a load measured `tries` times under `rule`, or None while it needs another try."""
-    if rule == "once" or tries[0]:
-        return tries[0]
-    if len(tries) == 1:
-        return None
-    if rule == "two_strikes" or tries[1] is False:
-        return tries[1]
-    return tries[2] if len(tries) > 2 else None  # majority: one pass, one failure so far
+    passes = sum(tries)
+    fails = len(tries) - passes
+    if rule == "once" or fails == 0:
+        return fails == 0  # today's rule: a load passes only if every measurement there passed
+    if fails >= 2:
+        return False
+    if rule == "two_strikes":
+        return True if passes else None  # one failure: it fails only if it fails again
+    return True if passes >= 2 else None  # majority: two of three
 
 
 def search(plan: CapacityPlan, rule: str, p: Callable[[float], float], rng: Any) -> tuple[float, int]:

@@ -169,6 +169,10 @@ def test_the_rule_replay_decides_a_load_by_its_rule():
     assert rules._decided("majority", [False, True, True]) is True
     assert rules._decided("majority", [False, False]) is False
     assert rules._decided("majority", [True]) is True
+    # A pass measured again above a failure that then failed is one pass and one failure, in any order.
+    assert rules._decided("majority", [True, False]) is None
+    assert rules._decided("two_strikes", [True, False]) is True
+    assert rules._decided("once", [True, False]) is False
 
 
 def test_the_rule_replay_measures_the_searchs_lowest_failure_again_and_searches_on_above_it():
