@@ -354,8 +354,13 @@ def run_confirmation(
     start_from = {t: dict(by_id[t].metrics) for t in ids}
     for index, order in enumerate(schedule(ids, rounds)):
         each_s = sum(durations) / len(durations) if durations else measurement_s
-        if deadline is not None and time.monotonic() + each_s * len(order) > deadline:
-            notes.append(f"the time budget allowed {done} of {rounds} confirmation rounds")
+        now = time.monotonic()
+        if deadline is not None and now + each_s * len(order) > deadline:
+            notes.append(
+                f"the time budget allowed {done} of {rounds} confirmation rounds (a round of {len(order)} "
+                f"measurements takes about {each_s * len(order) / 60:.1f} min at {each_s:.0f}s each; "
+                f"{max(deadline - now, 0.0) / 60:.1f} min were left)"
+            )
             break
         progress(f"confirmation round {index + 1}/{rounds}: {', '.join(order)}")
         for trial_id in order:

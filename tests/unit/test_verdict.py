@@ -469,6 +469,35 @@ def test_the_reserve_holds_every_planned_round_when_measurements_run_over_their_
     assert confirm(6 * 78.0).rounds_done == 2  # the bare estimate: what the demo ran
 
 
+def test_a_confirmation_that_does_not_fit_says_what_a_round_costs_and_what_was_left(monkeypatch):
+    """The embedded demo on a slow AVX2 host (2026-12-04): a re-measurement estimated at 219 s from the
+    baseline's trial, 3.6 min of the budget left: no round could start. The note says what a round costs
+    and what was left, so the user can size `budget.time_budget_s` (the verdict alone said 0 of 2)."""
+    import types
+
+    import tuner.confirm
+
+    monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: 0.0))
+    base, winner = _outcome("base", 10, 20), _outcome("fast", 20, 40)
+    outcome = run_confirmation(
+        context=_context_stub(),
+        trials=[base, winner],
+        baseline=base,
+        count=1,
+        rounds=2,
+        resolution=0.1,
+        measure=lambda *args: pytest.fail("no round fits: nothing is measured"),
+        deadline=216.0,
+        measurement_s=219.0,
+        progress=lambda line: None,
+    )
+    assert outcome.rounds_done == 0
+    assert (
+        "the time budget allowed 0 of 2 confirmation rounds (a round of 2 measurements takes about 7.3 min at "
+        "219s each; 3.6 min were left)"
+    ) in outcome.notes
+
+
 def _context_stub():
     from test_trial_runner import _context
 
