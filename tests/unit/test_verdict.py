@@ -401,25 +401,23 @@ def test_without_a_reference_step_a_confirmation_records_no_reference_latency(tm
     assert len(confirms) == 4 and all("ref_ttft_p95_s" not in r.data.metrics for r in confirms)
 
 
-def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
+def _confirm_pair(measure, **settings):
+    """`run_confirmation` of a baseline "base" (capacity 10) and one finalist "fast" (20), 10% resolution,
+    silent; `settings` adds or overrides its keyword arguments (rounds, deadline, measurement_s, ...)."""
     base, winner = _outcome("base", 10, 20), _outcome("fast", 20, 40)
+    arguments = dict(
+        context=_context_stub(), trials=[base, winner], baseline=base, count=1, resolution=0.1, measure=measure,
+        progress=lambda line: None,
+    )  # fmt: skip
+    return run_confirmation(**{**arguments, **settings})
 
+
+def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
     def measure(context, params, trial_id):
         time.sleep(1.5)
         return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
 
-    outcome = run_confirmation(
-        context=_context_stub(),
-        trials=[base, winner],
-        baseline=base,
-        count=1,
-        rounds=4,
-        resolution=0.1,
-        measure=measure,
-        deadline=time.monotonic() + 5,
-        measurement_s=2.0,
-        progress=lambda line: None,
-    )
+    outcome = _confirm_pair(measure, rounds=4, deadline=time.monotonic() + 5, measurement_s=2.0)
     assert outcome.rounds_done == 1
     assert not outcome.verdict.distinguishable and outcome.verdict.winner == "base"
     assert any("allowed 1 of 4" in note for note in outcome.notes)
@@ -441,7 +439,6 @@ def test_the_reserve_holds_every_planned_round_when_measurements_run_over_their_
     clock = [0.0]
     monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     durations = iter([104.0, 78.0, 98.0, 67.0, 104.0, 104.0])
-    base, winner = _outcome("base", 10, 20), _outcome("fast", 20, 40)
 
     def measure(context, params, trial_id):
         clock[0] += next(durations)
@@ -451,18 +448,7 @@ def test_the_reserve_holds_every_planned_round_when_measurements_run_over_their_
 
     def confirm(reserve_s: float):
         clock[0] = 0.0
-        return run_confirmation(
-            context=_context_stub(),
-            trials=[base, winner],
-            baseline=base,
-            count=1,
-            rounds=3,
-            resolution=0.1,
-            measure=measure,
-            deadline=reserve_s,
-            measurement_s=cost.measurement_s,
-            progress=lambda line: None,
-        )
+        return _confirm_pair(measure, rounds=3, deadline=reserve_s, measurement_s=cost.measurement_s)
 
     assert confirm(cost.reserve_s).rounds_done == 3
     durations = iter([104.0, 78.0, 98.0, 67.0])
@@ -478,19 +464,8 @@ def test_a_confirmation_that_does_not_fit_says_what_a_round_costs_and_what_was_l
     import tuner.confirm
 
     monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: 0.0))
-    base, winner = _outcome("base", 10, 20), _outcome("fast", 20, 40)
-    outcome = run_confirmation(
-        context=_context_stub(),
-        trials=[base, winner],
-        baseline=base,
-        count=1,
-        rounds=2,
-        resolution=0.1,
-        measure=lambda *args: pytest.fail("no round fits: nothing is measured"),
-        deadline=216.0,
-        measurement_s=219.0,
-        progress=lambda line: None,
-    )
+    nothing = lambda *args: pytest.fail("no round fits: nothing is measured")  # noqa: E731
+    outcome = _confirm_pair(nothing, rounds=2, deadline=216.0, measurement_s=219.0)
     assert outcome.rounds_done == 0
     assert (
         "the time budget allowed 0 of 2 confirmation rounds (a round of 2 measurements takes about 7.3 min at "
