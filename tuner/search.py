@@ -37,6 +37,7 @@ from tuner.confirm import (
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
 from tuner.plan import rate_profile
+from tuner.processes import OWNER_VAR, wait_for_owned
 from tuner.recorded import TrialRow
 from tuner.sampling import StepSample, sample_step
 from tuner.space import (
@@ -358,6 +359,7 @@ def run_search(
         return _run(prepared, progress, started, resume=resume)
     finally:
         ray.shutdown()
+        wait_for_owned(os.getpid(), progress=progress)  # servers still ending under their guards
 
 
 def start_ray(address: str | None) -> None:
@@ -376,6 +378,7 @@ def start_ray(address: str | None) -> None:
         "env_vars": {
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
             "TOKENIZERS_PARALLELISM": "false",
+            OWNER_VAR: str(os.getpid()),  # every process of this search carries it (tuner.processes)
         }
     }
     if address:

@@ -1,0 +1,47 @@
+"""tuner.processes: the search's own processes, found by the mark in their environment, waited for."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from tuner.processes import OWNER_VAR, owned_processes, wait_for_owned
+
+
+def _marked(owner: int, seconds: float) -> subprocess.Popen:
+    env = {**os.environ, OWNER_VAR: str(owner)}
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env=env)
+
+
+def test_the_search_waits_for_its_own_processes_and_only_its_own():
+    owner = 900_000_000 + os.getpid()  # no real pid: only the processes started here carry it
+    mine, other = _marked(owner, 1.5), _marked(owner + 1, 30)
+    try:
+        time.sleep(0.3)
+        assert owned_processes(owner) == [mine.pid]
+        lines: list[str] = []
+        began = time.monotonic()
+        assert wait_for_owned(owner, timeout_s=20, progress=lines.append, poll_s=0.1) == []
+        assert time.monotonic() - began >= 0.8, "it waited for the marked process to end"
+        assert mine.poll() is not None or owned_processes(owner) == []
+        assert lines == ["waiting for 1 process(es) of this search to stop (vLLM servers shutting down)"]
+        assert other.poll() is None, "another search's process is not ours to wait for or kill"
+    finally:
+        other.kill()
+        mine.kill()
+
+
+def test_what_outlives_the_wait_is_killed_and_named():
+    owner = 910_000_000 + os.getpid()
+    stuck = _marked(owner, 60)
+    try:
+        time.sleep(0.3)
+        lines: list[str] = []
+        assert wait_for_owned(owner, timeout_s=0.5, progress=lines.append, poll_s=0.1) == [stuck.pid]
+        stuck.wait(timeout=5)  # its status may be 0 where another test's SIGCHLD handling reaped it first
+        assert owned_processes(owner) == [], "killed: nothing of this owner is left"
+        assert lines[-1] == "killed 1 process(es) of this search still running 0.5s after Ray shut down"
+    finally:
+        stuck.kill()
