@@ -20,14 +20,16 @@ pytestmark = pytest.mark.integration
 def test_a_real_capacity_search_brackets_the_breaking_point(ray_local):
     # The embedded default's workload and SLO, short steps; a small batch breaks near the bundled trace's
     # rate on one core (about 0.75x on a 2-core AVX2 EPYC, about 2x on the faster machine before it), so
-    # from 1x the search either climbs to a failure within a few doublings or descends to a pass.
+    # from 1x the search either climbs to a failure within a few doublings or descends to a pass. Steps of
+    # 40 measured requests (2 above the p95) and a 50% resolution keep it within the 5 minutes the test may
+    # take: with 60 requests and 30% it took 430 s on a slow 2-core AVX2 EPYC hour (2026-12-04).
     prepared = prepare(
-        load_config(None, {"capacity.tail_requests": 3, "capacity.min_window_s": 6, "capacity.warmup_requests": 5}),
+        load_config(None, {"capacity.tail_requests": 2, "capacity.min_window_s": 6, "capacity.warmup_requests": 5}),
         device_has_gpu=False,
     )
     context = dataclasses.replace(
         trial_context(prepared),
-        plan=CapacityPlan(start_factor=1.0, growth=2.0, max_factor=32.0, min_factor=0.125, resolution=0.3),
+        plan=CapacityPlan(start_factor=1.0, growth=2.0, max_factor=32.0, min_factor=0.125, resolution=0.5),
     )
 
     async def factory(spec: EngineSpec, replicas: int, health: HealthPolicy):
@@ -57,10 +59,10 @@ def test_a_real_capacity_search_brackets_the_breaking_point(ray_local):
     assert final["capacity_rps_per_accel"] == max(passes)
     assert final["capacity_hi_rps_per_accel"] == min(fails)
     assert final["capacity_censored"] == 0.0
-    assert final["capacity_hi_rps_per_accel"] <= final["capacity_rps_per_accel"] * 1.3 * 1.05
+    assert final["capacity_hi_rps_per_accel"] <= final["capacity_rps_per_accel"] * 1.5 * 1.05
     # Every step offered the load it was asked for, counted enough requests, and lasted its window.
     for r in results:
         assert abs(r["arrival_rps"] / r["offered_rps"] - 1) <= 0.05, r
-        assert r["measured_requests"] >= 60
+        assert r["measured_requests"] >= 40
     assert final["status_reason"].startswith("capacity ")
     assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []

@@ -247,7 +247,15 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     exported = run_cli(
         "export", "--experiment", "e2e-short", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--out", str(out)
     )
-    assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
+    said = exported.stdout[-2000:] + exported.stderr[-2000:]
+    if not any(t.data.metrics.get("capacity_rps_per_accel", 0) > 0 for t in trials):
+        # A slow hour (2-core AVX2 EPYC, 2026-12-04: the baseline's TTFT p95 2.3 s at a quarter of the
+        # reference load) where no config held this SLO at any load tried: export refuses, in one line.
+        assert exported.returncode == 2 and "no feasible trial to export" in exported.stderr, said
+        assert not (out / "best.json").exists() and leftover_processes() == []
+        return
+    assert exported.returncode == 0, said
+    assert (out / "best.json").is_file(), said
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"]["winner"] == verdict["winner"] == best["trial_id"]
     assert confirmation_lead(verdict) in (out / "vllm-serve.yaml").read_text()  # the rounds it rests on
