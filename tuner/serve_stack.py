@@ -4,8 +4,9 @@
 (loopback only, no dashboard) on which each application of the Serve config is built by its own
 `import_path` with its own `args`, as `serve run` does; only Serve's HTTP address is set (127.0.0.1 and
 `PORT`). The parent waits until `/v1/models` lists the model, and stops the whole session on the way
-out (Serve, Ray and the engine with it). A replica that Serve reports as unschedulable, or a stack that
-exits or is not ready in time, is a StackError carrying Serve's own message.
+out (Serve, Ray and the engine with it). A replica that Serve reports as unschedulable (three times: a slow
+start is reported once or twice), or a stack that exits or is not ready in time, is a StackError carrying
+Serve's own message.
 """
 
 from __future__ import annotations
@@ -23,8 +24,16 @@ from pathlib import Path
 
 from tuner.errors import StackError
 
-# Serve's controller says so when a replica cannot be placed ("... taken more than 30s to be scheduled ...").
-UNSCHEDULABLE = re.compile(r"taken more than \d+s to be scheduled.*", re.IGNORECASE)
+# Serve's controller says so when a replica cannot be placed ("... taken more than 30s to be scheduled ..."),
+# once per 30 s while it waits. Once is not enough: on a slow 2-core hour both of a validated app's replicas
+# waited more than 30 s and then started (2026-12-04), so a deployment must be said to wait this many times.
+UNSCHEDULABLE = re.compile(
+    r"Deployment '([^']*)' in application '[^']*' has \d+ replicas? that have taken more than \d+s to be "
+    r"scheduled.*",
+    re.IGNORECASE,
+)
+UNSCHEDULABLE_REPEATS = 3
+READY_MARK = "tuner.serve_stack: applications deployed"
 READY_MARK = "tuner.serve_stack: applications deployed"
 
 
@@ -65,7 +74,7 @@ def _wait_ready(port: int, served_name: str, stack, log_path: Path, timeout_s: f
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
-        stuck = UNSCHEDULABLE.search(text)
+        stuck = _stuck(text)
         if stuck:
             raise StackError(f"Ray Serve could not schedule a replica: {_clip(stuck.group(0))} (log: {log_path})")
         if stack.poll() is not None:
@@ -74,6 +83,16 @@ def _wait_ready(port: int, served_name: str, stack, log_path: Path, timeout_s: f
             return
         time.sleep(2)
     raise StackError(f"Ray Serve did not list model {served_name!r} within {timeout_s:.0f}s (log: {log_path})")
+
+
+def _stuck(text: str) -> re.Match[str] | None:
+    """Serve's last word on a deployment it has said UNSCHEDULABLE_REPEATS times it cannot place, if any."""
+    seen: dict[str, int] = {}
+    for match in UNSCHEDULABLE.finditer(text):
+        seen[match.group(1)] = seen.get(match.group(1), 0) + 1
+        if seen[match.group(1)] >= UNSCHEDULABLE_REPEATS:
+            return match
+    return None
 
 
 def replica_timeline(path: Path) -> list[tuple[float, dict[str, dict[str, int]]]]:
@@ -115,7 +134,7 @@ def _completes(port: int, served_name: str) -> bool:
         f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:  # short: the loop reads the log between
             return response.status == 200
     except (OSError, ValueError):
         return False

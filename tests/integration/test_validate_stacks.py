@@ -155,10 +155,16 @@ def test_validate_serves_the_exported_ray_serve_application_and_the_defaults(tmp
     assert served["applications"][0]["args"]["ingress_deployment_config"] == {"ray_actor_options": {"num_cpus": 0}}
 
 
-def test_a_serve_replica_that_never_schedules_is_exit_code_3_with_serves_message(tmp_path: Path) -> None:
+def test_a_serve_replica_that_never_schedules_is_exit_code_3_with_serves_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tuner.cli import main
     from tuner.tiny_model import ensure_tiny_model
 
+    # Serve says a replica waits to be placed after 30 s, every 30 s; validate gives up when it has said so
+    # three times. 10 s and every 10 s here, passed on to the stack's own Ray through the environment.
+    monkeypatch.setenv("RAY_SERVE_SLOW_STARTUP_WARNING_S", "10")
+    monkeypatch.setenv("RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S", "10")
     # Each replica asks for 64 cores: Serve can never place it on this machine, and says so.
     uri = build_store(tmp_path, "too-big", standard_trials(), slo=LENIENT, model=str(ensure_tiny_model()), cores=64)
     argv = ["validate", "--experiment", "too-big", "--tracking-uri", uri, "--out", str(tmp_path / "out")]

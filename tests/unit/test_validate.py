@@ -214,3 +214,18 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(tmp_path: Path,
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
     assert "Traceback" not in result.output
+
+
+def test_serve_is_believed_unable_to_place_a_replica_only_when_it_says_so_three_times():
+    from tuner.serve_stack import _stuck
+
+    def said(deployment: str) -> str:
+        return (
+            f"WARNING controller -- Deployment '{deployment}' in application 'app' has 1 replicas that have taken "
+            "more than 30s to be scheduled. Resources required for each replica: {'CPU': 2.0}\n"
+        )
+
+    # A slow start: both deployments waited past 30 s once or twice, then started.
+    assert _stuck("INFO start\n" + said("LLMServer:app") + said("OpenAiIngress") + said("LLMServer:app")) is None
+    stuck = _stuck(said("LLMServer:app") + said("OpenAiIngress") + said("LLMServer:app") + said("LLMServer:app"))
+    assert stuck is not None and stuck.group(1) == "LLMServer:app" and "to be scheduled" in stuck.group(0)
