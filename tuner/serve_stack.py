@@ -34,7 +34,6 @@ UNSCHEDULABLE = re.compile(
 )
 UNSCHEDULABLE_REPEATS = 3
 READY_MARK = "tuner.serve_stack: applications deployed"
-READY_MARK = "tuner.serve_stack: applications deployed"
 
 
 @contextmanager
