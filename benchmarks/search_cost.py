@@ -86,7 +86,7 @@ OUT = ROOT / "reports" / "benchmarks"
 SHARED = ROOT.parent / "shared" / "traces"
 TOLERANCE = 0.05  # the best set: within max(5%, the spread between repeats) of the best mean capacity
 METRIC = "capacity_rps_per_accel"
-# Config overrides per workload (the held-out one mirrors tests/fixtures/search-azure.yaml, sized for the
+# Config overrides per workload (the held-out one mirrors tests/fixtures/search-cluster.yaml's trace, sized for the
 # tiny model on one core: prompt p50 about 250 tokens and output p50 about 70, like the bundled sample).
 WORKLOADS: dict[str, dict[str, Any]] = {
     "bundled": {},

@@ -41,6 +41,7 @@ from tuner.vocabulary import TrialStatus, latency_name
 STACKS = ("vllm", "ray-serve")
 # How long the scale-up check waits, after the burst, for a replica Serve added to come up.
 REPLICA_START_WAIT_S = 300.0
+NO_COMPARISON = "none"  # --against none: the exported config alone, judged by the SLO
 # What each measurement reports, by this tool's metric names (tuner.metrics.summarize_step).
 FIGURES = (
     "offered_rps",
@@ -277,7 +278,8 @@ def validate(
         raise ConfigError(f"--scale-up-s must be 0 (off) or at least 60 s, but got {scale_up_s:g}")
     given = parse_rates(rates)
     notes: list[str] = []
-    against_path = None if against == "vllm-defaults" else Path(against).expanduser().resolve()
+    compare = against != NO_COMPARISON
+    against_path = None if against in ("vllm-defaults", NO_COMPARISON) else Path(against).expanduser().resolve()
     comparison_names = user_config(against_path) if against_path is not None else None
     if workload and not Path(workload).expanduser().is_file():
         raise ConfigError(f"--workload {workload}: no such file")
@@ -325,7 +327,9 @@ def validate(
     defaults = deployment_for(record, baseline, ExportOptions())
     mine = deployment_for(record, trial, options, replica_plan(record, trial, headroom=headroom))
     note = ["The comparison: vLLM's defaults as the search's baseline ran them."]
-    if against_path is None and record.baseline_trial() is not None and record.baseline_trial() == trial:
+    if not compare:
+        notes.append("no comparison (--against none): the exported config is judged by the SLO alone")
+    elif against_path is None and record.baseline_trial() is not None and record.baseline_trial() == trial:
         notes.append("the exported config is the search's baseline: the comparison runs the same config again")
     served: list[Served] = []
 
@@ -348,7 +352,9 @@ def validate(
                     cores=cores_for(trial.params),
                 )
             )
-            if against_path is None:
+            if not compare:
+                pass
+            elif against_path is None:
                 path = out_dir / "comparison-vllm-defaults.yaml"
                 path.write_text(render_vllm_serve(defaults, note))
                 served.append(
@@ -405,7 +411,9 @@ def validate(
                     stack,
                 )
             )
-            if against_path is None:
+            if not compare:
+                pass
+            elif against_path is None:
                 path = out_dir / "comparison-serve-llm-vllm-defaults.yaml"
                 one_default = dataclasses.replace(defaults, num_replicas=1, autoscaling=None)
                 path.write_text(render_serve_llm(one_default, note, app_name=k8s_name(experiment)))

@@ -27,7 +27,8 @@ from tuner.validate import DEFAULT_HEADROOM, STACKS
     "--against",
     default="vllm-defaults",
     show_default=True,
-    help="The comparison: vLLM's defaults (the search's baseline) or a `vllm serve --config` YAML you run today.",
+    help="The comparison: vLLM's defaults (the search's baseline), a `vllm serve --config` YAML you run today, "
+    "or none (the export alone, judged by the SLO: half the servers to start).",
 )
 @click.option(
     "--stack",

@@ -30,3 +30,19 @@ def leftover_processes(wait_s: float = 20.0, pattern: str = LEAK_PATTERN) -> lis
         if not lines or time.monotonic() > deadline:
             return lines
         time.sleep(1)
+
+
+def still_running(found: list[str]) -> list[str]:
+    """Those of `found` (lines of `leftover_processes`: "pid command line") that still run: same pid, same
+    command line (not a reused pid), not a zombie waiting to be reaped."""
+    alive = []
+    for line in found:
+        pid, _, args = line.partition(" ")
+        try:
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if state != b"Z" and cmdline.strip() == args.strip():
+            alive.append(line)
+    return alive

@@ -47,7 +47,9 @@ def _frontend_cores(info: list[dict]) -> list[set[int]]:
     return [free or set(replica["cores"]) for replica in info]
 
 
-def test_two_replicas_start_in_parallel_share_load_and_leave_nothing(ray_local):
+def test_two_replicas_start_in_parallel_share_load_survive_a_killed_replica_and_leave_nothing(ray_local):
+    """One pool (an engine start costs about a minute here): a step shared by both replicas, then a step
+    during which one replica's actor is killed."""
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
     pool = loop.run_until_complete(start_ray_pool(_spec(), 2, placement_group=None))
@@ -67,9 +69,32 @@ def test_two_replicas_start_in_parallel_share_load_and_leave_nothing(ray_local):
         assert all(r.ok for r in records), [r.error for r in records if not r.ok]
         assert {r.replica for r in records} == {0, 1}
         assert all(r.ttft_s > 0 and len(r.token_gaps_s) == 15 for r in records)
+
+        plan = plan_step(
+            sample_step(WORKLOAD, measured=30, warmup=0, windows=1, seed=0), rate_rps=10, step_seed=2, vocab_size=4096
+        )
+
+        async def kill_soon():
+            await asyncio.sleep(1.0)
+            ray_local.kill(pool.replicas[0].handle, no_restart=True)
+
+        async def run():
+            killer = asyncio.create_task(kill_soon())
+            records = await replay_step(pool, plan, deadline_s=20, id_prefix="kill")
+            await killer
+            return records
+
+        records = loop.run_until_complete(run())
+        # Without a health monitor the router still stops using a replica whose actor died, and the
+        # requests it held are retried on the other one: nothing fails, nothing is lost.
+        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
+        retried = [r for r in records if r.retries]
+        assert retried and all(r.replica == 1 for r in retried)
+        assert records[-1].replica == 1
     finally:
         loop.run_until_complete(pool.shutdown())
         loop.close()
+    # Nothing left, the killed actor's EngineCore included (reaped by the raylet, not orphaned).
     assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
 
 
@@ -96,38 +121,6 @@ def test_two_served_replicas_on_two_cores_both_answer_promptly(ray_local):
     finally:
         loop.run_until_complete(pool.shutdown())
         loop.close()
-    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
-
-
-def test_requests_of_a_killed_replica_are_retried_and_no_engine_is_left_behind(ray_local):
-    loop = asyncio.new_event_loop()
-    pool = loop.run_until_complete(start_ray_pool(_spec(), 2, placement_group=None))
-    try:
-        plan = plan_step(
-            sample_step(WORKLOAD, measured=30, warmup=0, windows=1, seed=0), rate_rps=10, step_seed=2, vocab_size=4096
-        )
-
-        async def kill_soon():
-            await asyncio.sleep(1.0)
-            ray_local.kill(pool.replicas[0].handle, no_restart=True)
-
-        async def run():
-            killer = asyncio.create_task(kill_soon())
-            records = await replay_step(pool, plan, deadline_s=20, id_prefix="kill")
-            await killer
-            return records
-
-        records = loop.run_until_complete(run())
-        # Without a health monitor the router still stops using a replica whose actor died, and the
-        # requests it held are retried on the other one: nothing fails, nothing is lost.
-        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
-        retried = [r for r in records if r.retries]
-        assert retried and all(r.replica == 1 for r in retried)
-        assert records[-1].replica == 1
-    finally:
-        loop.run_until_complete(pool.shutdown())
-        loop.close()
-    # The killed actor's EngineCore was reaped by the raylet, not orphaned.
     assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
 
 

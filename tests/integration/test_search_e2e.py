@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from helpers import ENGINE_PATTERN, ROOT, leftover_processes, run_cli
+from helpers import ENGINE_PATTERN, ROOT, leftover_processes, run_cli, still_running
 
 from tuner.verdict import confirmation_lead
 
@@ -40,15 +40,6 @@ def _runs(uri: str, name: str):
     return client, parent, trials
 
 
-def _search(tmp_path, config: str, name: str):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = run_cli(
-        "search", "--config", str(ROOT / "tests" / "fixtures" / config), "--name", name, "--tracking-uri", uri
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return (result, *_runs(uri, name))
-
-
 def _kill_mid_search(args: list[str]) -> tuple[str, float]:
     """Start `python -m tuner ARGS`, SIGKILL it a few seconds into its second trial; (its output, when)."""
     driver = subprocess.Popen(
@@ -65,7 +56,7 @@ def _kill_mid_search(args: list[str]) -> tuple[str, float]:
     for line in driver.stdout:
         seen.append(line)
         ended = [x for x in seen if " completed:" in x or " early_stopped:" in x or " infeasible:" in x]
-        if ended and "trial 2/4" in "".join(seen) or time.monotonic() > deadline:
+        if ended and "trial 2/3" in "".join(seen) or time.monotonic() > deadline:
             break
     time.sleep(3)  # let the second trial get going, then kill the driver mid-search
     driver.send_signal(signal.SIGKILL)
@@ -80,11 +71,13 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     before, killed_at = _kill_mid_search(args)
     assert " completed:" in before or " early_stopped:" in before, before[-2000:]
     assert "step 1 climb 1x (" in before, "progress lines are printed while the search runs"
-    # Engines die with their actors at once; Ray's own agents notice their raylet is gone within ~2 min.
+    # Engines die with their actors at once. Ray's own agents notice their raylet is gone within ~2 min: the
+    # resume does not wait for them (its Ray is another instance), they are checked once it has run.
     assert leftover_processes(wait_s=60, pattern=ENGINE_PATTERN) == []
-    assert leftover_processes(wait_s=180) == [], "a killed driver must not leave engines or Ray behind"
+    orphans = leftover_processes(wait_s=0)
 
     result = run_cli(*args, "--resume", timeout=1500)
+    assert still_running(orphans) == [], "a killed driver must not leave engines or Ray behind"
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "resuming search 'e2e-short'" in result.stdout
     client, parent, trials = _runs(uri, "e2e-short")
@@ -92,7 +85,7 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     # The resume: no duplicates, and the whole budget (a trial Tune had created but not started when the
     # driver died gives its sample back); the interrupted trial is closed, not rerun.
     ids = [r.data.tags["trial_id"] for r in trials]
-    assert len(ids) == len(set(ids)) == 4, ids
+    assert len(ids) == len(set(ids)) == 3, ids
     assert any(r.info.start_time / 1000 > killed_at for r in trials), "the resumed search ran new trials"
     interrupted = [r for r in trials if r.data.tags["status_reason"].startswith("interrupted")]
     assert interrupted and all(r.data.tags["trial_status"] == "early_stopped" for r in interrupted)
@@ -117,7 +110,7 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     assert workload["sha256"] and workload["format"] == "canonical"
 
     # Every trial: a nested run with its params, a status tag and a reason.
-    assert len(trials) == 4
+    assert len(trials) == 3
     statuses = [t.data.tags["trial_status"] for t in trials]
     assert set(statuses) <= STATUSES
     assert "completed" in statuses or "early_stopped" in statuses
@@ -259,15 +252,4 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"]["winner"] == verdict["winner"] == best["trial_id"]
     assert confirmation_lead(verdict) in (out / "vllm-serve.yaml").read_text()  # the rounds it rests on
-    assert leftover_processes() == []
-
-
-def test_search_on_an_imported_production_trace(tmp_path):
-    result, client, parent, trials = _search(tmp_path, "search-azure.yaml", "e2e-azure")
-    workload = json.loads(open(client.download_artifacts(parent.info.run_id, "workload.json", str(tmp_path))).read())
-    assert workload["format"] == "azure"
-    assert [t["transforms"] if "transforms" in t else t for t in workload["transforms"]]
-    assert float(parent.data.params["reference_rps"]) == pytest.approx(4.0, rel=0.01)
-    assert len(trials) == 1  # the baseline: the import is the subject here, the search is tested above
-    assert all(t.data.tags["trial_status"] in STATUSES for t in trials)
     assert leftover_processes() == []

@@ -229,3 +229,33 @@ def test_serve_is_believed_unable_to_place_a_replica_only_when_it_says_so_three_
     assert _stuck("INFO start\n" + said("LLMServer:app") + said("OpenAiIngress") + said("LLMServer:app")) is None
     stuck = _stuck(said("LLMServer:app") + said("OpenAiIngress") + said("LLMServer:app") + said("LLMServer:app"))
     assert stuck is not None and stuck.group(1) == "LLMServer:app" and "to be scheduled" in stuck.group(0)
+
+
+def test_against_none_serves_and_measures_the_export_alone_on_each_stack(tmp_path: Path, monkeypatch):
+    """`--against none`: no comparison config is written, started or measured; the SLO alone judges."""
+    import contextlib
+
+    from tuner import validate as module
+    from tuner.tiny_model import ensure_tiny_model
+
+    started: list[tuple[str, str]] = []
+
+    @contextlib.contextmanager
+    def fake_started(server: Served, work: Path, port: int):
+        started.append((server.stack, server.role))
+        yield f"http://127.0.0.1:{port}"
+
+    def fake_measure(peer, context, slo, url, server, rate, *, step, work):
+        return Measured(server.stack, server.role, rate, True, {"goodput_rps": rate.rps}, 1.0)
+
+    monkeypatch.setattr(module, "_started", fake_started)
+    monkeypatch.setattr(module, "_measure", fake_measure)
+    uri = build_store(tmp_path, "alone", standard_trials(), slo="ttft:p95<60s", model=str(ensure_tiny_model()))
+    out = tmp_path / "out"
+    outcome = module.validate(
+        tracking_uri=uri, experiment="alone", out_dir=out, against="none", rates="1", progress=lambda _: None
+    )
+    assert started == [("vllm", "exported"), ("ray-serve", "exported")]
+    assert [m.role for m in outcome.measured] == ["exported", "exported"] and outcome.held
+    assert outcome.ratios() == [] and not list(out.glob("comparison-*"))
+    assert any("no comparison (--against none)" in note for note in outcome.notes)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The tests, as CI runs them: the unit and contract tests on every core (pytest-xdist), then the
+# integration tests one at a time (each owns the machine's cores: real vLLM engines, Ray, servers).
+# Arguments go to both pytest runs (-x, --durations=20, a test file: the run it selects nothing in passes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+run() { .venv/bin/python -m pytest "$@" || { rc=$?; [ "$rc" = 5 ] || exit "$rc"; }; }
+run -n auto -m "not integration" "$@"
+run -m integration "$@"
