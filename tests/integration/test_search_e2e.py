@@ -56,7 +56,7 @@ def _kill_mid_search(args: list[str]) -> tuple[str, float]:
     for line in driver.stdout:
         seen.append(line)
         ended = [x for x in seen if " completed:" in x or " early_stopped:" in x or " infeasible:" in x]
-        if ended and "trial 2/3" in "".join(seen) or time.monotonic() > deadline:
+        if ended and "trial 2/4" in "".join(seen) or time.monotonic() > deadline:
             break
     time.sleep(3)  # let the second trial get going, then kill the driver mid-search
     driver.send_signal(signal.SIGKILL)
@@ -71,21 +71,24 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     before, killed_at = _kill_mid_search(args)
     assert " completed:" in before or " early_stopped:" in before, before[-2000:]
     assert "step 1 climb 1x (" in before, "progress lines are printed while the search runs"
-    # Engines die with their actors at once. Ray's own agents notice their raylet is gone within ~2 min: the
-    # resume does not wait for them (its Ray is another instance), they are checked once it has run.
+    # Engines die with their actors at once. Ray's own agents notice their raylet is gone within ~2 min (3 of
+    # them outlived a 2-minute resume, 2026-12-04): the resume does not wait for them (its Ray is another
+    # instance); they must be gone 3 minutes after the kill, as before.
     assert leftover_processes(wait_s=60, pattern=ENGINE_PATTERN) == []
     orphans = leftover_processes(wait_s=0)
 
     result = run_cli(*args, "--resume", timeout=1500)
-    assert still_running(orphans) == [], "a killed driver must not leave engines or Ray behind"
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    while still_running(orphans) and time.time() < killed_at + 180:
+        time.sleep(1)
+    assert still_running(orphans) == [], "a killed driver must not leave engines or Ray behind"
     assert "resuming search 'e2e-short'" in result.stdout
     client, parent, trials = _runs(uri, "e2e-short")
 
     # The resume: no duplicates, and the whole budget (a trial Tune had created but not started when the
     # driver died gives its sample back); the interrupted trial is closed, not rerun.
     ids = [r.data.tags["trial_id"] for r in trials]
-    assert len(ids) == len(set(ids)) == 3, ids
+    assert len(ids) == len(set(ids)) == 4, ids
     assert any(r.info.start_time / 1000 > killed_at for r in trials), "the resumed search ran new trials"
     interrupted = [r for r in trials if r.data.tags["status_reason"].startswith("interrupted")]
     assert interrupted and all(r.data.tags["trial_status"] == "early_stopped" for r in interrupted)
@@ -110,7 +113,7 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     assert workload["sha256"] and workload["format"] == "canonical"
 
     # Every trial: a nested run with its params, a status tag and a reason.
-    assert len(trials) == 3
+    assert len(trials) == 4
     statuses = [t.data.tags["trial_status"] for t in trials]
     assert set(statuses) <= STATUSES
     assert "completed" in statuses or "early_stopped" in statuses
