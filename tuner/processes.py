@@ -19,6 +19,13 @@ from collections.abc import Callable
 OWNER_VAR = "VLLM_TUNER_OWNER"
 
 
+def is_zombie(pid: int) -> bool:
+    """Whether `pid` has exited and waits for its parent to reap it (it runs nothing, holds no port). Raises
+    OSError (or IndexError on a malformed stat line) when there is no such process."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+
+
 def owned_processes(owner: int) -> list[int]:
     """Pids of the live processes whose environment carries OWNER_VAR=owner (the caller excluded)."""
     mark = f"{OWNER_VAR}={owner}".encode()
@@ -31,9 +38,8 @@ def owned_processes(owner: int) -> list[int]:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
+            if is_zombie(int(entry)):
+                continue
             with open(f"/proc/{entry}/environ", "rb") as environ:
                 if mark in environ.read().split(b"\0"):
                     found.append(int(entry))

@@ -352,9 +352,7 @@ def validate(
                     cores=cores_for(trial.params),
                 )
             )
-            if not compare:
-                pass
-            elif against_path is None:
+            if compare and against_path is None:
                 path = out_dir / "comparison-vllm-defaults.yaml"
                 path.write_text(render_vllm_serve(defaults, note))
                 served.append(
@@ -368,7 +366,7 @@ def validate(
                         cores=cores_for(baseline.params),
                     )
                 )
-            else:
+            elif against_path is not None:  # the user's own file (--against FILE)
                 assert comparison_names is not None
                 served.append(
                     Served(
@@ -411,9 +409,7 @@ def validate(
                     stack,
                 )
             )
-            if not compare:
-                pass
-            elif against_path is None:
+            if compare and against_path is None:
                 path = out_dir / "comparison-serve-llm-vllm-defaults.yaml"
                 one_default = dataclasses.replace(defaults, num_replicas=1, autoscaling=None)
                 path.write_text(render_serve_llm(one_default, note, app_name=k8s_name(experiment)))
@@ -427,7 +423,7 @@ def validate(
                         stack,
                     )
                 )
-            else:
+            elif against_path is not None:  # the user's own file (--against FILE)
                 assert comparison_names is not None
                 args, left_out = user_engine_args(against_path)
                 theirs = dataclasses.replace(

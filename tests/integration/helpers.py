@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from tuner.processes import is_zombie
+
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PATTERN = "VLLM::EngineCore|VLLM::Worker|EngineCore|vllm.entrypoints.openai.api_server|server_guard.py"
 LEAK_PATTERN = ENGINE_PATTERN + "|ray::|raylet|gcs_server"
@@ -39,10 +41,10 @@ def still_running(found: list[str]) -> list[str]:
     for line in found:
         pid, _, args = line.partition(" ")
         try:
-            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            zombie = is_zombie(int(pid))
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):
             continue
-        if state != b"Z" and cmdline.strip() == args.strip():
+        if not zombie and cmdline.strip() == args.strip():
             alive.append(line)
     return alive
