@@ -5,6 +5,7 @@ get the load it is offered?
     .venv/bin/python benchmarks/capacity.py fidelity        # two configs, tool vs vLLM bench serve: ~45 min
     .venv/bin/python benchmarks/capacity.py bursty          # BurstGPT and a Gamma CV 4 trace: ~10 min
     .venv/bin/python benchmarks/capacity.py engines         # 5 engines x 3 searches each: ~50 min
+    .venv/bin/python benchmarks/capacity.py rules           # each failure rule once on 5 engines: ~40 min
     .venv/bin/python benchmarks/capacity.py analyse         # where recorded repeatability spreads live
 
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
@@ -20,6 +21,11 @@ get the load it is offered?
   between engines (one-way random effects, scipy's F test of one common level), and tabulates how often
   each load passed over all searches (the pass probability around the breaking point). Each step records
   the host's CPU steal while it ran (`host_steal`, from /proc/stat: a shared host's noise).
+- `rules` compares the capacity search's failure rules (`capacity.failure_rule`: `once`, `majority`) side
+  by side: on each of `--engines` fresh pools, one search under each rule, the order alternating from
+  pool to pool; per rule, the CV of the capacity over the pools (the repeatability goal's figure), its
+  SD(log), and the steps and seconds a search took (the rule's cost). benchmarks/capacity_rules.py is
+  the same question replayed on recorded pass rates, without engines.
 - `analyse` reads every recorded repeatability series and says where its spread lives: the CV of an
   interpolated crossing (where headroom crosses 1 inside the bracket: the runs without the bracket's
   quantisation), the rank correlation of capacity with the host probe, the reference TPOT and the engine
@@ -438,6 +444,92 @@ def engines(args: argparse.Namespace) -> None:
     )
 
 
+def rules(args: argparse.Namespace) -> None:
+    """The baseline's capacity under each failure rule, one search each on every fresh pool, side by side."""
+    import yaml
+
+    from trainables.trial import TrialRunner, driver_pool_factory
+    from tuner.search import trial_context
+
+    names = [name.strip() for name in args.rules.split(",")]
+    overrides = {**_settings(args.settings)}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        overrides[key] = yaml.safe_load(value) if key != "slo" else value
+    prepared = _prepared(overrides)
+    context = trial_context(prepared)
+    params = dict(prepared.baseline)
+    print(f"SLO {prepared.config.slo}, overrides {overrides}", flush=True)
+    print(
+        f"baseline {params}: rules {', '.join(names)} on {args.engines} engines, settings {args.settings}", flush=True
+    )
+    by_rule: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    start_local_ray()
+    try:
+        for engine in range(args.engines):
+            probe = _host_probe()
+            runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=f"engine{engine}")
+            try:
+                runner.start()
+                if runner.failure is not None:
+                    raise SystemExit(f"engine {engine} failed to start: {runner.failure}")
+                order = names[engine % len(names) :] + names[: engine % len(names)]
+                for position, name in enumerate(order):
+                    plan = dataclasses.replace(context.plan, failure_rule=name)
+                    runner.context = dataclasses.replace(context, plan=plan)
+                    entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
+                    by_rule[name].append(
+                        {
+                            **_trial_summary(entry),
+                            "engine": engine,
+                            "position": position,
+                            "host_probe_s": round(probe, 3),
+                        }
+                    )
+                    print(f"engine {engine + 1} rule {name}: {entry['status_reason']}", flush=True)
+            finally:
+                runner.close()
+    finally:
+        stop_ray()
+    summary = {name: _rule_summary(runs) for name, runs in by_rule.items()}
+    for name, row in summary.items():
+        print(f"{name}: {_rule_line(row)}", flush=True)
+    _save_series(
+        "rules",
+        args,
+        {
+            "params": params,
+            "slo": prepared.config.slo,
+            "set": args.set,
+            "engines": args.engines,
+            "rules": summary,
+            "runs": by_rule,
+        },
+    )
+
+
+def _rule_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Capacity's spread over the pools under one rule, and what a search cost."""
+    capacities = [r["capacity"] or 0.0 for r in runs]
+    positive = [c for c in capacities if c > 0]
+    return {
+        "capacities": capacities,
+        "cv": _cv(capacities),
+        "sd_log": statistics.stdev(math.log(c) for c in positive) if len(positive) > 1 else None,
+        "median": statistics.median(capacities),
+        "steps_mean": statistics.fmean(r["steps"] for r in runs),
+        "wall_s_mean": statistics.fmean(r["wall_s"] for r in runs),
+    }
+
+
+def _rule_line(row: dict[str, Any]) -> str:
+    sd_log = "n/a" if row["sd_log"] is None else f"{row['sd_log']:.3f}"
+    return (
+        f"capacities {', '.join(f'{c:.3g}' for c in row['capacities'])} rps/accel: CV {row['cv']:.1%}, SD(log) "
+        f"{sd_log}, median {row['median']:.3g}; {row['steps_mean']:.1f} steps, {row['wall_s_mean']:.0f} s per search"
+    )
+
+
 def _engines_summary(rows: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """What an `engines` series says: its variance split, the CV of each engine's first search (what
     `repeatability` measures) and of every search, the mean by search order, and the pass probability
@@ -557,8 +649,14 @@ def peer_capacity(prepared, params: dict[str, Any], work: Path, *, seed: int) ->
                 flush=True,
             )
     seen = observations(steps, 1)
-    found = capacity.bracket(seen)
-    carried = trial_metrics(steps, num_accelerators=1, penalty_latency_s=context.penalty_latency_s, ref_records=None)
+    found = capacity.bracket(seen, context.plan.failure_rule)
+    carried = trial_metrics(
+        steps,
+        num_accelerators=1,
+        penalty_latency_s=context.penalty_latency_s,
+        ref_records=None,
+        failure_rule=context.plan.failure_rule,
+    )
     return {
         "capacity": found.capacity,
         "hi": found.hi,
@@ -813,14 +911,39 @@ def main() -> None:
     eng.add_argument("--searches", type=int, default=3, help="searches on each pool, at least 2 (default 3)")
     eng.add_argument("--settings", choices=("full", "demo"), default="full")
     eng.add_argument("--label", default="", help="suffix of the results section (engines_SETTINGS_LABEL)")
+    rul = commands.add_parser("rules", help="the capacity search's failure rules side by side, fresh engines")
+    rul.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
+    rul.add_argument("--rules", default="once,majority", help="failure rules, comma-separated (default: both)")
+    rul.add_argument("--settings", choices=("full", "demo"), default="full")
+    rul.add_argument("--label", default="", help="suffix of the results section (rules_SETTINGS_LABEL)")
+    rul.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override on top of the settings, e.g. slo='ttft:p95<2s; tpot:p95<100ms' (repeatable)",
+    )
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
     commands.add_parser("analyse", help="where each recorded repeatability series' spread lives (no engine)")
     args = parser.parse_args()
     if args.command == "engines" and min(args.engines, args.searches) < 2:
         parser.error("engines: --engines and --searches must each be at least 2 (a spread needs two of each)")
-    {"repeatability": repeatability, "engines": engines, "fidelity": fidelity, "bursty": bursty, "analyse": analyse}[
-        args.command
-    ](args)
+    if args.command == "rules":
+        from tuner.capacity import FAILURE_RULES
+
+        unknown = [name for name in args.rules.split(",") if name.strip() not in FAILURE_RULES]
+        if unknown or args.engines < 2:
+            parser.error(f"rules: --rules from {', '.join(FAILURE_RULES)} and --engines at least 2")
+        if any("=" not in item for item in args.set):
+            parser.error("rules: --set takes KEY=VALUE")
+    {
+        "repeatability": repeatability,
+        "engines": engines,
+        "rules": rules,
+        "fidelity": fidelity,
+        "bursty": bursty,
+        "analyse": analyse,
+    }[args.command](args)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ measurement at a load is an independent draw at that load's pass rate. Rules:
   again, and fails only if it fails again (load testers' rule; biased up: a load passing half the time
   passes three times in four); if it passes, the search goes on above it;
 - `majority`: the same, but where the second measurement passes, a third decides (two of three: a load
-  passing half the time still passes half the time).
+  passing half the time still passes half the time). This is the planner's own `capacity.failure_rule:
+  majority` (tuner/capacity.py), replayed as a trial runs it.
 
 Only the failure that ends the search is measured again: measuring every failure again (tried in a
 first replay) took 10.7 measurements per search, against about 9 for these rules and 6.6 for today's.
@@ -34,6 +35,7 @@ chosen here still has to be measured on engines. Each run is saved under its sec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -89,6 +91,11 @@ def search(plan: CapacityPlan, rule: str, p: Callable[[float], float], rng: Any)
     goes on above it."""
     observations: list[Observation] = []
     measurements = 0
+    if rule == "majority":  # the planner's own rule
+        plan = dataclasses.replace(plan, failure_rule="majority")
+        while (step := next_step(plan, observations)) is not None:
+            observations.append(Observation(step[0], step[0], bool(rng.random() < p(step[0])), step[1]))
+        return bracket(observations, "majority").capacity, len(observations)
     while True:
         while (step := next_step(plan, observations)) is not None:
             factor, phase = step

@@ -225,16 +225,18 @@ class TrialRunner:
             num_accelerators=self.num_accelerators,
             penalty_latency_s=context.penalty_latency_s,
             ref_records=self.ref_records,
+            failure_rule=context.plan.failure_rule,
         )
         seen = observations(self.steps, self.num_accelerators)
         done = capacity.next_step(context.plan, seen) is None
         reason = ""
         if done:
-            found = capacity.bracket(seen)
+            found = capacity.bracket(seen, context.plan.failure_rule)
             stop = capacity.limit(context.plan, seen)
             reason = f"capacity {capacity.describe(found, stop, context.plan, reference_rps=context.reference_rps)}"
             reason += f" after {step} steps"
-            failing = [s for s in self.steps if not s.passed]
+            failed = capacity.failed_factors(seen, context.plan.failure_rule)
+            failing = [s for s in self.steps if not s.passed and any(math.isclose(s.load_factor, f) for f in failed)]
             if failing:
                 lowest = min(failing, key=lambda s: s.arrival_rps)
                 reason += (

@@ -9,6 +9,12 @@ breaking point is noisy, so the capacity is the highest pass *below the lowest f
 maximum of noisy passes; a pass above a failure is re-measured once, and if it passes again the trial
 is flagged inconsistent and its bracket widened to cover both.
 
+With the `majority` failure rule, the failure that would end the search is measured again until two
+of three measurements agree (a load passing half the time still passes half the time: unlike "two
+strikes", which passes it three times in four, the rule adds no upward bias); if it then passes, the
+search goes on above it. Only that last failure is re-measured, so it costs one or two steps per trial,
+not one per failure. With the default `once`, a failing step fails its load.
+
 Everything here is a pure function of the observations so far, so the same rule serves the trial
 (`next_factor`), the export's re-judging under another SLO and the tests (`bracket`).
 """
@@ -22,6 +28,13 @@ from enum import Enum
 
 # Two nominal loads this close are the same load (floating-point products of the growth factor).
 _SAME = 1e-6
+# How a failing step counts (see the module docstring).
+FAILURE_RULES = ("once", "majority")
+
+
+def rule_text(failure_rule: str) -> str:
+    """What a failure rule adds to a description of the search ('' for the default)."""
+    return ", the ending failure measured until 2 of 3 agree" if failure_rule == "majority" else ""
 
 
 class Phase(str, Enum):
@@ -61,6 +74,7 @@ class CapacityPlan:
     resolution: float = 0.10
     noise: float = 0.0
     max_steps: int = 12
+    failure_rule: str = "once"  # or "majority": the failure ending the search is measured until 2 of 3 agree
     reference_first: bool = False  # measure the reference load (1x) first, then search from start_factor
 
     def __post_init__(self) -> None:
@@ -75,11 +89,17 @@ class CapacityPlan:
                 f"resolution > 0, noise >= 0 and max_steps >= 1 must hold, but got "
                 f"{self.resolution}, {self.noise}, {self.max_steps}"
             )
+        if self.failure_rule not in FAILURE_RULES:
+            raise ValueError(f"failure_rule must be one of {', '.join(FAILURE_RULES)}, but got {self.failure_rule!r}")
 
     @property
     def width(self) -> float:
         """Refinement stops once the bracket's upper end is within this fraction above its lower end."""
         return max(self.resolution, self.noise)
+
+    @property
+    def rule_text(self) -> str:
+        return rule_text(self.failure_rule)
 
     def climb_factors(self) -> tuple[float, ...]:
         """The climb's loads: start x growth^k up to the maximum (the maximum itself if it falls between)."""
@@ -95,7 +115,9 @@ class CapacityPlan:
         climb = len(self.climb_factors())
         descend = 1 + max(0, math.floor(math.log(self.start_factor / self.min_factor, self.growth) + _SAME))
         refine = max(0, math.ceil(math.log2(math.log(self.growth) / math.log1p(self.width)) - _SAME))
-        return min(self.max_steps, max(climb, descend) + refine + 1 + int(self.reference_first))
+        # The majority rule: the ending failure measured up to twice more, a refinement step if it passes.
+        again = 3 if self.failure_rule == "majority" else 0
+        return min(self.max_steps, max(climb, descend) + refine + 1 + again + int(self.reference_first))
 
 
 @dataclass(frozen=True)
@@ -136,13 +158,21 @@ class _Load:
     rate: float  # mean measured rate
     passes: int
     fails: int
+    rule: str = "once"
 
     @property
-    def passed(self) -> bool:  # a load passes only if every measurement of it passed
-        return self.fails == 0
+    def passed(self) -> bool:
+        """Once: a load passes only if every measurement of it passed. Majority: if nothing failed there
+        or more measurements passed than failed."""
+        return self.fails == 0 or (self.rule == "majority" and self.passes > self.fails)
+
+    @property
+    def pending(self) -> bool:
+        """A failed load the rule measures again before believing it (majority: until 2 of 3 agree)."""
+        return self.rule == "majority" and self.fails == 1 and self.passes <= 1
 
 
-def _loads(observations: Sequence[Observation]) -> list[_Load]:
+def _loads(observations: Sequence[Observation], rule: str = "once") -> list[_Load]:
     groups: dict[float, list[Observation]] = {}
     for observation in observations:
         key = next((f for f in groups if math.isclose(f, observation.factor, rel_tol=_SAME)), observation.factor)
@@ -153,15 +183,17 @@ def _loads(observations: Sequence[Observation]) -> list[_Load]:
             sum(o.rate for o in group) / len(group),
             sum(o.passed for o in group),
             sum(not o.passed for o in group),
+            rule,
         )
         for factor, group in groups.items()
     ]
     return sorted(loads, key=lambda load: load.factor)
 
 
-def bracket(observations: Sequence[Observation]) -> Bracket:
-    """The bracket around the breaking point that `observations` support (see `Bracket`)."""
-    loads = _loads(observations)
+def bracket(observations: Sequence[Observation], rule: str = "once") -> Bracket:
+    """The bracket around the breaking point that `observations` support (see `Bracket`), a load
+    passing or failing by the failure `rule`."""
+    loads = _loads(observations, rule)
     failed = [load for load in loads if not load.passed]
     if not failed:
         top = loads[-1] if loads else None
@@ -187,6 +219,12 @@ def bracket(observations: Sequence[Observation]) -> Bracket:
     )
 
 
+def failed_factors(observations: Sequence[Observation], rule: str = "once") -> list[float]:
+    """The nominal loads that count as failed under `rule` (under majority, a failure at a load that
+    then passed twice does not)."""
+    return [load.factor for load in _loads(observations, rule) if not load.passed]
+
+
 def next_step(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[float, Phase] | None:
     """The next load to measure and why, or None when the search is over (`limit` says why)."""
     if len(observations) >= plan.max_steps:
@@ -195,9 +233,21 @@ def next_step(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[
 
 
 def _next(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[float, Phase] | None:
+    chosen = _planned(plan, observations)
+    if chosen is not None or not observations:
+        return chosen
+    # The search would end here: on a failure the rule wants measured again, measure it again.
+    current = bracket(observations, plan.failure_rule)
+    if current.hi_factor is None or current.inconsistent:
+        return None
+    ending = next(load for load in _loads(observations, plan.failure_rule) if load.factor == current.hi_factor)
+    return (ending.factor, Phase.REMEASURE) if ending.pending else None
+
+
+def _planned(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[float, Phase] | None:
     if not observations:
         return (1.0, Phase.REFERENCE) if plan.reference_first else (plan.start_factor, Phase.CLIMB)
-    loads = _loads(observations)
+    loads = _loads(observations, plan.failure_rule)
     failed = [load for load in loads if not load.passed]
     if not failed:
         higher = [f for f in plan.climb_factors() if f > loads[-1].factor * (1 + _SAME)]
@@ -209,7 +259,7 @@ def _next(plan: CapacityPlan, observations: Sequence[Observation]) -> tuple[floa
         return min(once, key=lambda load: load.factor).factor, Phase.REMEASURE
     if above:
         return None  # it passed again: inconsistent, the bracket is widened rather than chased
-    current = bracket(observations)
+    current = bracket(observations, plan.failure_rule)
     if current.lo_factor is None:  # nothing passed: step down from the lowest load tried
         lower = loads[0].factor / plan.growth
         return (lower, Phase.DESCEND) if lower >= plan.min_factor * (1 - _SAME) else None
@@ -223,7 +273,7 @@ def limit(plan: CapacityPlan, observations: Sequence[Observation]) -> Limit:
     """Why the search stops (or would stop) after `observations`."""
     if _next(plan, observations) is not None:
         return Limit.MAX_STEPS
-    current = bracket(observations)
+    current = bracket(observations, plan.failure_rule)
     if current.inconsistent:
         return Limit.INCONSISTENT
     if current.censored:

@@ -71,6 +71,10 @@ class CapacitySection(_Strict):
         60, gt=0, description="a step whose TTFT trend breaks the bound within this long fails; null = off"
     )
     max_steps: int = Field(12, ge=1, description="steps per trial at most")
+    failure_rule: Literal["once", "majority"] = Field(
+        "once",
+        description="once: a failing step fails its load; majority: the ending failure is measured until 2 of 3 agree",
+    )
     max_step_s: float = Field(600, gt=0, description="longest step allowed (checked before the search)")
 
     @model_validator(mode="after")
@@ -98,6 +102,7 @@ class CapacitySection(_Strict):
             resolution=self.resolution,
             noise=self.noise,
             max_steps=self.max_steps,
+            failure_rule=self.failure_rule,
         )
 
 

@@ -78,6 +78,7 @@ def warm_plan(
         resolution=resolution,
         noise=plan.noise,
         max_steps=plan.max_steps + int(reference_first),
+        failure_rule=plan.failure_rule,
         reference_first=reference_first,
     )
 

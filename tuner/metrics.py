@@ -248,19 +248,21 @@ def trial_metrics(
     num_accelerators: int,
     penalty_latency_s: float,
     ref_records: Sequence[RequestRecord] | None,
+    failure_rule: str = "once",
 ) -> dict[str, float]:
     """Return the metrics a trial carries forward after each step: the capacity bracket so far and the
     latencies at the reference load.
 
     `ref_records` are the records of the step at the reference load, or None until it has run; the
     reference latencies are then `penalty_latency_s`, and a failed request counts as that penalty.
+    `failure_rule` is the capacity search's (`tuner.capacity.bracket`).
     Raises ValueError for `num_accelerators` < 1 or a non-positive or infinite penalty.
     """
     if num_accelerators < 1:
         raise ValueError(f"num_accelerators must be >= 1, but got {num_accelerators}")
     if not (math.isfinite(penalty_latency_s) and penalty_latency_s > 0):
         raise ValueError(f"penalty_latency_s must be positive and finite, but got {penalty_latency_s}")
-    found = bracket(observations(steps, num_accelerators))
+    found = bracket(observations(steps, num_accelerators), failure_rule)
     metrics = capacity_metrics(found, num_accelerators)
     counted = [r for r in ref_records or () if not r.in_warmup]
     for metric in _REF_METRICS:

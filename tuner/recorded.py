@@ -78,6 +78,11 @@ class SearchRecord:
         return str(self.params.get("model") or _get(self.config, "model.path") or "")
 
     @property
+    def failure_rule(self) -> str:
+        """The capacity search's `capacity.failure_rule` ("once" for searches recorded before it existed)."""
+        return str(self.capacity_plan.get("failure_rule") or "once")
+
+    @property
     def device(self) -> str:
         device = str(self.params.get("device") or _get(self.config, "hardware.device") or "cpu")
         return "gpu" if device == "gpu" else "cpu"

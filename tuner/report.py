@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.capacity import rule_text
 from tuner.errors import TrackingError
 from tuner.pareto import non_dominated
 from tuner.recorded import SearchRecord, TrialRow, load_search, scrub_uri
@@ -867,7 +868,7 @@ def _plan_text(plan: Mapping[str, Any]) -> str:
     width = max(float(plan.get("resolution", 0.1)), float(plan.get("noise", 0.0)))
     return (
         f"climb from {plan.get('start_factor', 1):g}x x{plan.get('growth', 2):g} per step up to "
-        f"{plan.get('max_factor', 0):g}x, then bisect to {width:.0%}"
+        f"{plan.get('max_factor', 0):g}x, then bisect to {width:.0%}" + rule_text(str(plan.get("failure_rule", "once")))
     )
 
 

@@ -472,7 +472,8 @@ def dry_run_summary(prepared: PreparedSearch) -> list[str]:
         f"(up to {sample.capacity}{passes}), after {len(sample.warmup)} warm-up requests",
         f"space {config.space}: tunes {', '.join(prepared.space.tunable)}; baseline {prepared.baseline}",
         f"SLO {config.slo}; capacity search: climb {', '.join(f'{f:g}x' for f in plan.climb_factors())}, "
-        f"then bisect to {plan.width:.0%}; objectives {', '.join(f'{o.mode} {o.metric}' for o in config.objectives)}",
+        f"then bisect to {plan.width:.0%}{plan.rule_text}; "
+        f"objectives {', '.join(f'{o.mode} {o.metric}' for o in config.objectives)}",
         f"estimated engine time: about {config.budget.num_samples * cost.typical_s / 60:.0f} min for "
         f"{config.budget.num_samples} trials (a trial {cost.typical_s:.0f}s when its capacity is near "
         f"{cost.typical_factor:g}x, at most {cost.worst_s:.0f}s)"
@@ -688,7 +689,7 @@ def _run(
         f"search {config.name!r}: {config.budget.num_samples} trials, space {config.space}, "
         f"SLO {config.slo}; capacity search from {plan.start_factor:g}x of {prepared.reference_rps:.2f} rps "
         f"per accelerator (x{plan.growth:g} per climb step up to {plan.max_factor:g}x, then bisect to "
-        f"{plan.width:.0%}), each step at least {prepared.sample.min_measured} measured requests and "
+        f"{plan.width:.0%}{plan.rule_text}), each step at least {prepared.sample.min_measured} measured requests and "
         f"{prepared.sample.min_window_s:g}s; "
         f"MLflow {prepared.tracking_uri}"
     )
@@ -947,7 +948,8 @@ class RecordingASHA(ASHAScheduler):
 
     Rungs are climb steps, where every trial runs the same load. Once a trial's climb has ended (it
     failed a step and is refining, or descending), ASHA sees, at every later rung, the value of its last
-    climb step divided by `growth` for each step since: a conservative stand-in for its value at that
+    climb step divided by `growth` for each step since (also when the majority failure rule resumes the
+    climb later, steps behind the other trials' climbs): a conservative stand-in for its value at that
     rung's load (headroom only falls as load rises), so a trial that failed early ranks below one that
     failed later, and never gains from the easier load it refines at. (For a metric ASHA minimises the
     value is multiplied instead.) Stopped trials are recorded into the tracker active in this process,
@@ -960,10 +962,12 @@ class RecordingASHA(ASHAScheduler):
 
     def _climb_value(self, trial, result):
         climbs = self.__dict__.setdefault("_last_climb", {})
+        left = self.__dict__.setdefault("_left_climb", set())
         step = int(result.get(self._time_attr, 0) or 0)
-        if result.get("phase", str(Phase.CLIMB)) == str(Phase.CLIMB):
+        if result.get("phase", str(Phase.CLIMB)) == str(Phase.CLIMB) and trial.trial_id not in left:
             climbs[trial.trial_id] = (result.get(self._metric), step)
             return result
+        left.add(trial.trial_id)
         value, climbed_at = climbs.get(trial.trial_id, (None, step))
         if value is None:
             return result

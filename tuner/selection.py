@@ -1,14 +1,15 @@
 """Which recorded trial to deploy: judging trials under an SLO, and picking one.
 
-Re-judging under another SLO (`--slo` different from the one the search recorded) uses the search's
-own rule, the same functions: a recorded step passes iff `tuner.metrics.judge` passes its recorded
-SLO statistics (`slo_{metric}_{stat}_s`, failed requests counted as infinitely slow) and
+Re-judging under another SLO (`--slo` different from the one the search recorded) uses the search's own
+rule, the same functions: a recorded step passes iff `tuner.metrics.judge` passes its recorded SLO
+statistics (`slo_{metric}_{stat}_s`, failed requests counted as infinitely slow) and
 `tuner.metrics.sustainable` finds no TTFT growth that breaks the new bound; the trial's capacity is then
 `tuner.capacity.bracket` over its re-judged steps (the highest measured pass below the lowest failure;
-censored when none fails). The loads measured were chosen for the recorded SLO, so the bracket under
-another SLO can be wider. Latencies at the reference load (`ref_*_p95_s`) do not depend on the SLO and
-are kept as they are. Steps recorded before the SLO statistics existed fall back to the completed-only
-statistics when nothing failed, and fail when something did.
+censored when none fails), with the search's `capacity.failure_rule`. The loads measured were chosen for
+the recorded SLO, so the bracket under another SLO can be wider. Latencies at the reference load
+(`ref_*_p95_s`) do not depend on the SLO and are kept as they are. Steps recorded before the SLO
+statistics existed fall back to the completed-only statistics when nothing failed, and fail when
+something did.
 
 A search with a confirmation phase recorded its verdict (`verdict.json`); `confirmed_winner` is the
 trial it recommends, which `--pick max-capacity` exports.
@@ -63,8 +64,9 @@ def step_passes(step: Mapping[str, float], slo: Slo) -> bool:
     return passed and not overloaded
 
 
-def rejudge(trial: TrialRow, slo: Slo) -> TrialRow:
-    """The trial with its capacity metrics recomputed under `slo` (see the module docstring).
+def rejudge(trial: TrialRow, slo: Slo, failure_rule: str = "once") -> TrialRow:
+    """The trial with its capacity metrics recomputed under `slo` (see the module docstring), a load
+    passing or failing by the search's `failure_rule`.
 
     Only completed / early-stopped trials with per-step metrics are re-judged; an infeasible trial keeps
     capacity 0.
@@ -83,7 +85,7 @@ def rejudge(trial: TrialRow, slo: Slo) -> TrialRow:
     ]
     for key in ("capacity_hi_rps_per_accel",):
         metrics.pop(key, None)
-    metrics.update(capacity_metrics(bracket(seen), accelerators))
+    metrics.update(capacity_metrics(bracket(seen, failure_rule), accelerators))
     return dataclasses.replace(trial, metrics=metrics)
 
 
@@ -100,7 +102,7 @@ def judge(record: SearchRecord, slo: str | None) -> tuple[str, tuple[TrialRow, .
     wanted = parse_slo(slo)
     if record.slo and set(wanted.terms) == set(parse_slo(record.slo).terms):
         return recorded, record.trials, False
-    return str(wanted), tuple(rejudge(t, wanted) for t in record.trials), True
+    return str(wanted), tuple(rejudge(t, wanted, record.failure_rule) for t in record.trials), True
 
 
 def feasible_trials(trials: Sequence[TrialRow]) -> list[TrialRow]:

@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.capacity import CapacityPlan, Limit, Observation, Phase, bracket, describe, limit, next_step
+from tuner.capacity import (
+    CapacityPlan,
+    Limit,
+    Observation,
+    Phase,
+    bracket,
+    describe,
+    failed_factors,
+    limit,
+    next_step,
+)
 
 
 def run(plan: CapacityPlan, passes, rate=lambda factor: factor) -> list[Observation]:
@@ -131,15 +141,16 @@ def test_worst_case_steps_bounds_every_search():
         assert len(run(plan, lambda f, _, j=jump: f <= j)) <= plan.worst_case_steps()
 
 
+@pytest.mark.parametrize("rule", ["once", "majority"])
 @pytest.mark.parametrize("noise_cv", [0.02, 0.05])
-def test_the_bracket_contains_a_noisy_jump_in_at_least_90_percent_of_seeds(noise_cv):
+def test_the_bracket_contains_a_noisy_jump_in_at_least_90_percent_of_seeds(noise_cv, rule):
     """A config whose latency jumps at a known load; each step's verdict and measured rate are noisy.
 
     Near the jump a step's verdict is a coin flip, so the bracket's ends can fall on either side of it
     by about the noise: the bracket widened by the noise (one standard deviation each side) must
     contain the jump. (Simulated, 2000 seeds: 93-96% for noise 2-5% at resolution 10%.)
     """
-    plan = CapacityPlan(resolution=0.1)
+    plan = CapacityPlan(resolution=0.1, failure_rule=rule)
     contained = 0
     seeds = 500
     for seed in range(seeds):
@@ -150,7 +161,7 @@ def test_the_bracket_contains_a_noisy_jump_in_at_least_90_percent_of_seeds(noise
             return factor * rng.lognormal(0, noise_cv) <= jump
 
         seen = run(plan, passes, rate=lambda f, rng=rng: f * rng.normal(1, 0.002))
-        found = bracket(seen)
+        found = bracket(seen, rule)
         hi = math.inf if found.hi is None else found.hi
         contained += found.capacity * math.exp(-noise_cv) <= jump <= hi * math.exp(noise_cv)
     assert contained >= 0.9 * seeds, f"{contained} of {seeds}"
@@ -161,19 +172,86 @@ def test_the_bracket_contains_a_noisy_jump_in_at_least_90_percent_of_seeds(noise
     st.lists(st.booleans(), min_size=1, max_size=40),
     st.sampled_from([1.5, 2.0, 3.0]),
     st.sampled_from([0.05, 0.1, 0.3]),
+    st.sampled_from(["once", "majority"]),
 )
-def test_any_verdicts_end_in_a_valid_bracket(verdicts, growth, resolution):
-    plan = CapacityPlan(growth=growth, resolution=resolution, max_factor=20, min_factor=1 / growth**2)
+def test_any_verdicts_end_in_a_valid_bracket(verdicts, growth, resolution, rule):
+    plan = CapacityPlan(
+        growth=growth, resolution=resolution, max_factor=20, min_factor=1 / growth**2, failure_rule=rule
+    )
     answers = iter(verdicts * 10)
     seen = run(plan, lambda f, _: next(answers))
     assert 1 <= len(seen) <= plan.max_steps
-    found = bracket(seen)
+    found = bracket(seen, rule)
+    failed = failed_factors(seen, rule)
     assert found.capacity >= 0
     if found.hi is not None and not found.inconsistent:
         assert found.capacity < found.hi
-        assert all(o.passed or o.rate >= found.hi for o in seen)
+        assert all(o.rate >= found.hi * (1 - 1e-9) for o in seen if any(math.isclose(o.factor, f) for f in failed))
+        if rule == "majority" and limit(plan, seen) != Limit.MAX_STEPS:  # 2 of 3 failed where it ended
+            ending = [o.passed for o in seen if math.isclose(o.factor, found.hi_factor)]
+            assert ending.count(False) >= 2 or ending.count(False) > ending.count(True) >= 1
     if not found.censored and found.capacity > 0 and not found.inconsistent:
-        assert any(o.passed and o.rate == found.capacity for o in seen)
+        assert any(o.passed and math.isclose(o.rate, found.capacity) for o in seen)
+
+
+def test_majority_measures_only_the_failure_that_ends_the_search_again():
+    plan = CapacityPlan(resolution=0.1, failure_rule="majority")
+    seen = run(plan, lambda f, _: f <= 5.0)  # a sharp jump: every failure is real
+    once = run(CapacityPlan(resolution=0.1), lambda f, _: f <= 5.0)
+    assert [o.factor for o in seen[:-1]] == [o.factor for o in once]  # the same search, then one step more
+    assert seen[-1].phase == Phase.REMEASURE and not seen[-1].passed
+    assert seen[-1].factor == bracket(once).hi_factor
+    assert bracket(seen, "majority") == bracket(once) and limit(plan, seen) == Limit.RESOLVED
+    assert len(seen) <= plan.worst_case_steps()
+
+
+@pytest.mark.parametrize(("third", "passes_there"), [(True, True), (False, False)])
+def test_majority_a_failure_then_a_pass_is_decided_by_a_third_measurement(third, passes_there):
+    plan = CapacityPlan(resolution=0.1, failure_rule="majority")
+    seen = [Observation(1.0, 1.0, True), Observation(2.0, 2.0, True), Observation(4.0, 4.0, False)]
+    seen += [Observation(2.83, 2.83, True, Phase.REFINE), Observation(3.36, 3.36, True, Phase.REFINE)]
+    seen += [Observation(3.67, 3.67, False, Phase.REFINE)]  # resolved (3.36-3.67): the ending failure
+    assert next_step(plan, seen) == (3.67, Phase.REMEASURE)
+    seen.append(Observation(3.67, 3.67, True, Phase.REMEASURE))
+    assert next_step(plan, seen) == (3.67, Phase.REMEASURE)  # 1 of 2: a third decides
+    seen.append(Observation(3.67, 3.67, third, Phase.REMEASURE))
+    assert (3.67 in failed_factors(seen, "majority")) is not passes_there
+    found = bracket(seen, "majority")
+    if passes_there:  # 2 of 3 passed: the search goes on above it; the 4x failure now ends it
+        assert found.capacity == 3.67 and found.hi == 4.0 and not found.inconsistent
+        assert next_step(plan, seen) == (4.0, Phase.REMEASURE)
+    else:
+        assert found.capacity == 3.36 and found.hi == 3.67 and next_step(plan, seen) is None
+    # The same measurements under `once`: the first failure decided it.
+    assert bracket(seen).capacity == 3.36
+
+
+def test_majority_finds_the_limit_above_a_transient_failure():
+    plan = CapacityPlan(resolution=0.1, failure_rule="majority")
+    # A first try fails from 4x (a transient), the load's real limit is 5x.
+    seen = run(plan, lambda f, attempt: f <= 5.0 if attempt else f <= 4.0)
+    found = bracket(seen, "majority")
+    assert 4.0 < found.capacity <= 5.0 < found.hi
+    assert found.hi / found.capacity <= 1.1 + 1e-9
+    assert bracket(seen).capacity <= 4.0  # under `once` the same steps say below 4x
+    assert len(seen) <= plan.worst_case_steps()
+
+
+def test_majority_nothing_passing_ends_at_the_minimum_measured_twice():
+    plan = CapacityPlan(min_factor=0.25, failure_rule="majority")
+    seen = run(plan, lambda f, _: False)
+    assert [o.factor for o in seen] == [1.0, 0.5, 0.25, 0.25]
+    assert bracket(seen, "majority").capacity == 0.0 and limit(plan, seen) == Limit.MIN_LOAD
+
+
+def test_worst_case_steps_bounds_majority_searches_with_transient_failures():
+    plan = CapacityPlan(
+        start_factor=0.5, growth=2.0, max_factor=16, min_factor=0.125, resolution=0.1, failure_rule="majority"
+    )
+    for jump in np.geomspace(0.05, 40, 60):
+        for first in (0.7, 0.9, 1.0):  # a first try fails from `first` x the real limit
+            seen = run(plan, lambda f, attempt, j=jump, q=first: f <= j if attempt else f <= q * j)
+            assert len(seen) <= plan.worst_case_steps(), (jump, first, [(o.factor, o.passed) for o in seen])
 
 
 def test_bad_plans_are_refused():
@@ -181,3 +259,5 @@ def test_bad_plans_are_refused():
         CapacityPlan(growth=1.0)
     with pytest.raises(ValueError, match="resolution > 0"):
         CapacityPlan(resolution=0)
+    with pytest.raises(ValueError, match="failure_rule must be one of once, majority"):
+        CapacityPlan(failure_rule="twice")

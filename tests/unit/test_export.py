@@ -428,6 +428,21 @@ def test_rejudging_applies_the_searchs_own_rule_to_failed_requests() -> None:
     assert step_passes(steps[1], parse_slo("ttft:p95<1s")) and not step_passes(steps[2], parse_slo("ttft:p95<1s"))
 
 
+def test_rejudging_a_majority_search_counts_a_failure_outvoted_by_two_passes_as_a_pass() -> None:
+    # 2x failed, then passed twice when measured again (2 of 3); 4x failed twice.
+    loads = ((1.0, 0.1), (2.0, 3.0), (2.0, 0.1), (2.0, 0.1), (4.0, 3.0), (4.0, 3.0))
+    steps = tuple(_step(load, ttft, 0.0, recorded_slo=True) for load, ttft in loads)
+    plan = json.dumps({"resolution": 0.1, "failure_rule": "majority"})
+    record = SearchRecord(
+        "e", "p", "u", "ttft:p95<2s", (TrialRow("t", "r", "completed", steps=steps),), params={"capacity_plan": plan}
+    )
+    assert record.failure_rule == "majority"
+    _, (judged,), rejudged = judge(record, "ttft:p95<1s")
+    assert rejudged and judged.capacity == pytest.approx(2.0) and judged.metrics["capacity_hi_rps_per_accel"] == 4.0
+    once = rejudge(TrialRow("t", "r", "completed", steps=steps), parse_slo("ttft:p95<1s"))
+    assert once.capacity == pytest.approx(1.0)  # under `once` the first failure at 2x decides
+
+
 def test_steps_recorded_before_slo_statistics_fail_on_any_failed_request() -> None:
     steps = tuple(_step(load, 0.1, failed, recorded_slo=False) for load, failed in ((1.0, 0.0), (2.0, 3.0)))
     judged = rejudge(TrialRow("t", "r", "completed", steps=steps), parse_slo("ttft:p95<1s"))

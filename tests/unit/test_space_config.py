@@ -225,6 +225,14 @@ def test_asha_compares_a_trial_that_left_the_climb_by_its_last_climb_value():
     asha.on_trial_complete(None, c, {"load_step": 2, "slo_headroom": 6.0, "phase": "refine", "done": True})
     recorded = {trial: value for _, rung in asha._trial_info["a"]._rungs for trial, value in rung.items()}
     assert recorded == {"a": 3.0, "b": 0.4, "c": 0.45}
+    # Under the majority rule a trial can climb again after refining (its ending failure outvoted), but
+    # steps behind: its later climb steps are at lower loads than the rung's, so they count the same way.
+    d = SimpleNamespace(trial_id="d", status="RUNNING")
+    asha.on_trial_add(None, d)
+    for step, value, phase in ((1, 0.9, "climb"), (2, 3.0, "refine"), (3, 0.9, "remeasure"), (4, 2.0, "climb")):
+        asha.on_trial_result(None, d, {"load_step": step, "slo_headroom": value, "phase": phase})
+    rung4 = next(rung for milestone, rung in asha._trial_info["d"]._rungs if milestone == 4)
+    assert rung4["d"] == pytest.approx(0.9 / 8)
 
 
 def test_a_trial_that_failed_later_ranks_above_one_that_failed_earlier_at_a_later_rung():

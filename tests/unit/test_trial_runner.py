@@ -140,6 +140,30 @@ def test_the_bracket_contains_a_noisy_jump(seed):
     assert low * np.exp(-2 * noise) <= jump <= high * np.exp(2 * noise), (low, jump, high)
 
 
+def test_under_the_majority_rule_the_trial_measures_its_ending_failure_again():
+    gc.collect()
+    gc.freeze()
+    engines = [JumpEngine(300.0, tokens_per_s=1e6, max_batch=1000, prefill_tokens_per_s=1e9)]
+    workload = Workload(
+        tuple(Request(arrival_s=i * 0.01, prompt_tokens=8, output_tokens=2) for i in range(50)), {"source": "even"}
+    )
+    context = _context(
+        sample=sample_step(workload, measured=40, warmup=10, windows=1, seed=0),
+        reference_rps=100.0,
+        slo="ttft:p95<300ms",
+        deadline_s=2.0,
+        plan=CapacityPlan(start_factor=1.0, growth=2.0, max_factor=16.0, resolution=0.1, failure_rule="majority"),
+    )
+    results = _run_all(TrialRunner(context, {}, _factory(engines)))
+    *search, last = results
+    fails = [r for r in search if not r["slo_pass"]]
+    lowest = min(fails, key=lambda r: r["arrival_rps"])
+    assert last["phase"] == "remeasure" and last["load_factor"] == lowest["load_factor"] and not last["slo_pass"]
+    assert last["capacity_hi_rps_per_accel"] == pytest.approx((lowest["arrival_rps"] + last["arrival_rps"]) / 2)
+    assert last["capacity_rps_per_accel"] <= 300.0 * 1.05 < last["capacity_hi_rps_per_accel"] * 1.05
+    assert f"({lowest['load_factor']:.3g}x, " in last["status_reason"].split("lowest failing step")[1]
+
+
 def test_load_is_per_accelerator():
     engines = [StandInEngine(), StandInEngine()]
     plan = CapacityPlan(start_factor=1.0, max_factor=1.0, min_factor=1.0)
