@@ -13,10 +13,11 @@ measurement at a load is an independent draw at that load's pass rate. Rules:
   the planner already does);
 - `two_strikes`: once the planner stops, the lowest failure (the end of the bracket) is measured
   again, and fails only if it fails again (load testers' rule; biased up: a load passing half the time
-  passes three times in four); if it passes, the search goes on above it;
+  counts as passed three times in four); if it passes, the search goes on above it;
 - `majority`: the same, but where the second measurement passes, a third decides (two of three: a load
-  passing half the time still passes half the time). This is the planner's own `capacity.failure_rule:
-  majority` (tuner/capacity.py), replayed as a trial runs it.
+  passing half the time counts as passed five times in eight, the first pass being believed as it is).
+  This is the planner's own `capacity.failure_rule: majority` (tuner/capacity.py), replayed as a trial
+  runs it.
 
 Only the failure that ends the search is measured again: measuring every failure again (tried in a
 first replay) took 10.7 measurements per search, against about 9 for these rules and 6.6 for today's.

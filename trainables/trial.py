@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -208,7 +207,7 @@ class TrialRunner:
         )
         self.steps.append(summary)
         self.last_records, self.last_plan = records, plan
-        if self.ref_records is None and math.isclose(factor, 1.0, rel_tol=1e-6):
+        if self.ref_records is None and capacity.same_load(factor, 1.0):
             self.ref_records = records
         crashed = [r.error for r in records if r.replica_error and r.error]
         if crashed and len(crashed) == len(records):
@@ -236,7 +235,9 @@ class TrialRunner:
             reason = f"capacity {capacity.describe(found, stop, context.plan, reference_rps=context.reference_rps)}"
             reason += f" after {step} steps"
             failed = capacity.failed_factors(seen, context.plan.failure_rule)
-            failing = [s for s in self.steps if not s.passed and any(math.isclose(s.load_factor, f) for f in failed)]
+            failing = [
+                s for s in self.steps if not s.passed and any(capacity.same_load(s.load_factor, f) for f in failed)
+            ]
             if failing:
                 lowest = min(failing, key=lambda s: s.arrival_rps)
                 reason += (

@@ -10,10 +10,13 @@ maximum of noisy passes; a pass above a failure is re-measured once, and if it p
 is flagged inconsistent and its bracket widened to cover both.
 
 With the `majority` failure rule, the failure that would end the search is measured again until two
-of three measurements agree (a load passing half the time still passes half the time: unlike "two
-strikes", which passes it three times in four, the rule adds no upward bias); if it then passes, the
-search goes on above it. Only that last failure is re-measured, so it costs one or two steps per trial,
-not one per failure. With the default `once`, a failing step fails its load.
+of three measurements agree; if it then passes, the search goes on above it. Passes are believed as
+they are, so a load that passes a try with probability p counts as passed with p + (1 - p) p^2: the
+load where that is even passes 40% of its tries ("two strikes", 1 - (1 - p)^2, would put it at 29%, a
+plain coin flip at 50%). An outvoted failure hands the end of the search to the next failure above it,
+measured again in its turn: usually one or two steps more per trial, bounded only by `max_steps`. An
+inconsistent bracket (a pass measured twice above a failure) ends the search as under `once`. With the
+default `once`, a failing step fails its load.
 
 Everything here is a pure function of the observations so far, so the same rule serves the trial
 (`next_factor`), the export's re-judging under another SLO and the tests (`bracket`).
@@ -30,6 +33,11 @@ from enum import Enum
 _SAME = 1e-6
 # How a failing step counts (see the module docstring).
 FAILURE_RULES = ("once", "majority")
+
+
+def same_load(a: float, b: float) -> bool:
+    """Whether two nominal loads are the same load (products of the growth factor differ in the last bits)."""
+    return math.isclose(a, b, rel_tol=_SAME)
 
 
 def rule_text(failure_rule: str) -> str:
@@ -111,13 +119,14 @@ class CapacityPlan:
         return tuple(factors)
 
     def worst_case_steps(self) -> int:
-        """An upper bound on the steps one trial runs: the longest climb or descent plus refinement."""
+        """An upper bound on the steps one trial runs: the longest climb or descent plus refinement (under
+        the majority rule, the step cap)."""
         climb = len(self.climb_factors())
         descend = 1 + max(0, math.floor(math.log(self.start_factor / self.min_factor, self.growth) + _SAME))
         refine = max(0, math.ceil(math.log2(math.log(self.growth) / math.log1p(self.width)) - _SAME))
-        # The majority rule: the ending failure measured up to twice more, a refinement step if it passes.
-        again = 3 if self.failure_rule == "majority" else 0
-        return min(self.max_steps, max(climb, descend) + refine + 1 + again + int(self.reference_first))
+        if self.failure_rule == "majority":  # an outvoted failure hands the end on: only the cap bounds it
+            return self.max_steps
+        return min(self.max_steps, max(climb, descend) + refine + 1 + int(self.reference_first))
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,7 @@ class _Load:
 def _loads(observations: Sequence[Observation], rule: str = "once") -> list[_Load]:
     groups: dict[float, list[Observation]] = {}
     for observation in observations:
-        key = next((f for f in groups if math.isclose(f, observation.factor, rel_tol=_SAME)), observation.factor)
+        key = next((f for f in groups if same_load(f, observation.factor)), observation.factor)
         groups.setdefault(key, []).append(observation)
     loads = [
         _Load(

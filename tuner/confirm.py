@@ -57,7 +57,8 @@ def warm_plan(
     """A capacity search that starts at the trial's capacity and climbs by its bracket's width.
 
     A trial whose bracket is already within `resolution` is re-measured in two steps when nothing moved
-    (a pass at its capacity, a failure at its bracket's top); a censored trial starts at its lower bound
+    (a pass at its capacity, a failure at its bracket's top; under the majority rule that failure is
+    measured once or twice more); a censored trial starts at its lower bound
     and climbs as the search did; a trial that passed nothing starts at the search's lowest load. With
     `reference_first`, one more step at the reference load comes first, for its latencies.
     """
@@ -121,14 +122,27 @@ class TrialTiming:
     done: bool = False
 
 
+def warm_steps(failure_rule: str) -> float:
+    """Load steps of one warm-started re-measurement: a pass at the capacity, a failure at the bracket's
+    top, often one more; under the majority rule that failure is measured once or twice more (1.5 on
+    average when it is real)."""
+    return 3.0 + (1.5 if failure_rule == "majority" else 0.0)
+
+
 def remeasurement_s(
-    timings: Sequence[TrialTiming], finalists: int, *, reference_step: bool, teardown_s: float
+    timings: Sequence[TrialTiming],
+    finalists: int,
+    *,
+    reference_step: bool,
+    teardown_s: float,
+    failure_rule: str = "once",
 ) -> float | None:
     """Engine seconds of one confirmation measurement as the search's finished trials measured them (None
     before any trial finished).
 
     A re-measurement is warm-started from the config's bracket: its engine start, about three steps (a pass
-    at the capacity, a failure at the bracket's top, often one more), one more at the reference load first
+    at the capacity, a failure at the bracket's top, often one more; `warm_steps`: 1.5 more under the
+    majority `failure_rule`), one more at the reference load first
     with `reference_step`, and a teardown; a step is taken at the mean wall of the trial's own steps, capped
     by the whole trial (a config that failed early re-measures as quickly). The mean is over the configs
     the confirmation will measure: the `finalists` best trials that passed a load, and the baseline. Only
@@ -141,7 +155,7 @@ def remeasurement_s(
     measured = leading[:finalists] + [t for t in reported if t.baseline] or reported
     if not measured:
         return None
-    steps = 3 + (1 if reference_step else 0)
+    steps = warm_steps(failure_rule) + (1 if reference_step else 0)
 
     def cost(t: TrialTiming) -> float:
         return t.start_s + teardown_s + min(steps * sum(t.walls) / len(t.walls), sum(t.walls))
@@ -180,6 +194,7 @@ class ConfirmReserve:
         baseline: Mapping[str, Any],
         reference_step: bool,
         teardown_s: float,
+        failure_rule: str = "once",
         progress: Callable[[str], None] = print,
     ) -> None:
         self.static = static
@@ -189,6 +204,7 @@ class ConfirmReserve:
         self.baseline = dict(baseline)
         self.reference_step = reference_step
         self.teardown_s = teardown_s
+        self.failure_rule = failure_rule
         self.progress = progress
         self.timings: dict[str, TrialTiming] = {}
         self.ended: str | None = None  # why the search was ended, once it was
@@ -227,7 +243,11 @@ class ConfirmReserve:
 
     def _measured(self) -> float | None:
         return remeasurement_s(
-            list(self.timings.values()), self.finalists, reference_step=self.reference_step, teardown_s=self.teardown_s
+            list(self.timings.values()),
+            self.finalists,
+            reference_step=self.reference_step,
+            teardown_s=self.teardown_s,
+            failure_rule=self.failure_rule,
         )
 
     def cost(self) -> ConfirmCost:

@@ -33,6 +33,7 @@ from tuner.confirm import (
     active_reserve,
     run_confirmation,
     set_active_reserve,
+    warm_steps,
 )
 from tuner.errors import ConfigError, TrackingError
 from tuner.pareto import non_dominated
@@ -520,12 +521,14 @@ def confirm_line(prepared: PreparedSearch) -> str:
 def confirm_cost(prepared: PreparedSearch) -> ConfirmCost:
     """Engine time of the confirmation phase: each measurement is a warm-started capacity search of about
     three steps (a pass at the trial's capacity, a failure at its bracket's top, often a climb or a
-    refinement between) at the typical trial's load, and one step at the reference load first with
+    refinement between; `confirm.warm_steps`: 1.5 more under the majority failure rule) at the typical
+    trial's load, and one step at the reference load first with
     `confirm.reference_step`. (Measured in the embedded demo on fresh clones: 63-86 s over 4 measurements
     against an estimate of 71 s, and 67-104 s against 78 s; the reserve adds confirm.RESERVE_MARGIN.)"""
     config = prepared.config
     cost = trial_cost(prepared)
-    measurement = _START_S + _TEARDOWN_S + 3 * _step_s(prepared, cost.typical_factor * 1.5)
+    steps = warm_steps(config.capacity.failure_rule)
+    measurement = _START_S + _TEARDOWN_S + steps * _step_s(prepared, cost.typical_factor * 1.5)
     if config.confirm.reference_step:
         measurement += _step_s(prepared, 1.0)
     count = (config.confirm.finalists + 1) * config.confirm_rounds()
@@ -744,6 +747,7 @@ def _reserve(prepared: PreparedSearch, started: float, progress: Callable[[str],
         baseline=prepared.baseline or {},
         reference_step=config.confirm.reference_step,
         teardown_s=_TEARDOWN_S,
+        failure_rule=config.capacity.failure_rule,
         progress=progress,
     )
 

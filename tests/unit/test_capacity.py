@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -202,7 +203,6 @@ def test_majority_measures_only_the_failure_that_ends_the_search_again():
     assert seen[-1].phase == Phase.REMEASURE and not seen[-1].passed
     assert seen[-1].factor == bracket(once).hi_factor
     assert bracket(seen, "majority") == bracket(once) and limit(plan, seen) == Limit.RESOLVED
-    assert len(seen) <= plan.worst_case_steps()
 
 
 @pytest.mark.parametrize(("third", "passes_there"), [(True, True), (False, False)])
@@ -227,14 +227,15 @@ def test_majority_a_failure_then_a_pass_is_decided_by_a_third_measurement(third,
 
 
 def test_majority_finds_the_limit_above_a_transient_failure():
-    plan = CapacityPlan(resolution=0.1, failure_rule="majority")
-    # A first try fails from 4x (a transient), the load's real limit is 5x.
+    plan = CapacityPlan(resolution=0.1, failure_rule="majority", max_steps=20)
+    # A first try fails from 4x (a transient), the load's real limit is 5x: 13 steps, one over the
+    # default cap (each failure from 4.36x is outvoted in turn).
     seen = run(plan, lambda f, attempt: f <= 5.0 if attempt else f <= 4.0)
     found = bracket(seen, "majority")
     assert 4.0 < found.capacity <= 5.0 < found.hi
     assert found.hi / found.capacity <= 1.1 + 1e-9
     assert bracket(seen).capacity <= 4.0  # under `once` the same steps say below 4x
-    assert len(seen) <= plan.worst_case_steps()
+    assert limit(plan, seen) == Limit.RESOLVED and len(seen) == 13  # it ended by itself, not at the cap
 
 
 def test_majority_nothing_passing_ends_at_the_minimum_measured_twice():
@@ -244,14 +245,26 @@ def test_majority_nothing_passing_ends_at_the_minimum_measured_twice():
     assert bracket(seen, "majority").capacity == 0.0 and limit(plan, seen) == Limit.MIN_LOAD
 
 
-def test_worst_case_steps_bounds_majority_searches_with_transient_failures():
-    plan = CapacityPlan(
-        start_factor=0.5, growth=2.0, max_factor=16, min_factor=0.125, resolution=0.1, failure_rule="majority"
-    )
-    for jump in np.geomspace(0.05, 40, 60):
+def test_majority_searches_with_transient_failures_end_on_their_own():
+    """Under majority an outvoted failure hands the end of the search to the next failure above it, so
+    only the step cap bounds a search (`worst_case_steps`); with the cap out of reach, every search still
+    ends by itself, resolved, no load measured more than 3 times. When every first try fails from 0.7x the
+    real limit, searches take up to 24 steps here against `once`'s bound of 10: the rule's price where
+    failures are transient."""
+    wide = dict(start_factor=0.5, growth=2.0, max_factor=16, min_factor=0.125, resolution=0.1)
+    plan = CapacityPlan(**wide, failure_rule="majority", max_steps=60)
+    assert plan.worst_case_steps() == 60
+    once_bound = CapacityPlan(**wide, max_steps=60).worst_case_steps()
+    longest = 0
+    for jump in np.geomspace(0.2, 12, 60):
         for first in (0.7, 0.9, 1.0):  # a first try fails from `first` x the real limit
             seen = run(plan, lambda f, attempt, j=jump, q=first: f <= j if attempt else f <= q * j)
-            assert len(seen) <= plan.worst_case_steps(), (jump, first, [(o.factor, o.passed) for o in seen])
+            assert limit(plan, seen) == Limit.RESOLVED, (jump, first, [(o.factor, o.passed) for o in seen])
+            found = bracket(seen, "majority")
+            assert found.capacity <= jump < found.hi
+            assert max(Counter(round(o.factor, 9) for o in seen).values()) <= 3
+            longest = max(longest, len(seen))
+    assert once_bound < longest <= 3 * once_bound, (once_bound, longest)
 
 
 def test_bad_plans_are_refused():

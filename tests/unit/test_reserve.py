@@ -53,6 +53,36 @@ def test_a_remeasurement_costs_a_start_three_steps_and_a_teardown_of_the_configs
     assert remeasurement_s([failed], 1, reference_step=False, teardown_s=5.0) == pytest.approx(60 + 5 + 270)
 
 
+def test_under_the_majority_rule_a_remeasurement_counts_one_and_a_half_steps_more():
+    """The ending failure of a warm re-measurement is measured once or twice more under majority."""
+    long = TrialTiming(30.0, [10.0] * 8, 5.0, baseline=True, done=True)
+    once = remeasurement_s([long], 1, reference_step=False, teardown_s=5.0)
+    majority = remeasurement_s([long], 1, reference_step=False, teardown_s=5.0, failure_rule="majority")
+    assert (once, majority) == (pytest.approx(30 + 5 + 3 * 10), pytest.approx(30 + 5 + 4.5 * 10))
+    voting = ConfirmReserve(
+        ConfirmCost(78.0, 4),
+        rounds=2,
+        deadline=1e9,
+        finalists=1,
+        baseline=BASELINE,
+        reference_step=False,
+        teardown_s=5.0,
+        failure_rule="majority",
+        progress=lambda _: None,
+    )
+    for _ in range(8):
+        voting.observe("t1", _step(10.0, 5.0, start=30.0, params=BASELINE, done=False))
+    voting.observe("t1", _step(10.0, 5.0, start=30.0, params=BASELINE))
+    assert voting.cost().measurement_s == pytest.approx(30 + 5 + 4.5 * 10)
+
+    from tuner.config import load_config
+    from tuner.search import confirm_cost, prepare
+
+    plain = confirm_cost(prepare(load_config())).measurement_s
+    voted = confirm_cost(prepare(load_config(overrides={"capacity.failure_rule": "majority"}))).measurement_s
+    assert voted > plain
+
+
 def _trial(reserve: ConfirmReserve, trial_id: str, wall: float, capacity: float, **kw) -> None:
     """A whole trial of three steps of `wall` seconds each, as its results arrive."""
     for i in range(3):
