@@ -6,6 +6,7 @@ get the load it is offered?
     .venv/bin/python benchmarks/capacity.py bursty          # BurstGPT and a Gamma CV 4 trace: ~10 min
     .venv/bin/python benchmarks/capacity.py engines         # 5 engines x 3 searches each: ~50 min
     .venv/bin/python benchmarks/capacity.py rules           # each failure rule once on 5 engines: ~40 min
+    .venv/bin/python benchmarks/capacity.py placement       # scheduler apart/beside its worker: ~40 min
     .venv/bin/python benchmarks/capacity.py analyse         # where recorded repeatability spreads live
 
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
@@ -26,6 +27,12 @@ get the load it is offered?
   pool to pool; per rule, the CV of the capacity over the pools (the repeatability goal's figure), its
   SD(log), and the steps and seconds a search took (the rule's cost). benchmarks/capacity_rules.py is
   the same question replayed on recorded pass rates, without engines.
+- `placement` compares how a replica's processes are placed (`--arms WHERE/NICE,...`): vLLM's scheduler
+  process (engine core) `beside` its model worker on the claimed core (the tool's placement) or `apart`
+  on the API server's cores (where vLLM's own CPU binding reserves a core for it), and the niceness of
+  the server's processes (15, inherited from Ray's workers, as the tool runs them; 0, as a deployment
+  does). On each fresh pool one search per arm, the order rotating; per arm the capacity's CV and what
+  the worker's and the scheduler's threads ran (schedstat). Needs root to raise a priority back.
 - `analyse` reads every recorded repeatability series and says where its spread lives: the CV of an
   interpolated crossing (where headroom crosses 1 inside the bracket: the runs without the bracket's
   quantisation), the rank correlation of capacity with the host probe, the reference TPOT and the engine
@@ -52,6 +59,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -508,6 +516,136 @@ def rules(args: argparse.Namespace) -> None:
     )
 
 
+def _schedstat(pids: list[int]) -> tuple[float, float]:
+    """Seconds the threads of `pids` ran and waited runnable on a run queue (/proc/PID/task/*/schedstat)."""
+    ran = waited = 0.0
+    for pid in pids:
+        for thread in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/schedstat") as stat:
+                    run_ns, wait_ns, _ = stat.read().split()
+            except (OSError, ValueError):
+                continue
+            ran, waited = ran + int(run_ns) / 1e9, waited + int(wait_ns) / 1e9
+    return ran, waited
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (children of any of its threads, and theirs)."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop(0)
+        for thread in os.listdir(f"/proc/{parent}/task") if os.path.isdir(f"/proc/{parent}/task") else []:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children") as children:
+                    kids = [int(c) for c in children.read().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            queue.extend(kids)
+    return found
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
+
+
+def _renice(pids: list[int], nice: int) -> None:
+    """Every thread of `pids` at niceness `nice` (raising priority needs root)."""
+    for pid in pids:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(thread), nice)
+            except ProcessLookupError:
+                continue
+
+
+def placement(args: argparse.Namespace) -> None:
+    """How a replica's processes are placed, arm against arm, one search per arm on every fresh pool (the
+    order rotating): an arm is `WHERE/NICE`, WHERE the core of vLLM's scheduler process (engine core):
+    `beside` its model worker on the claimed core (where the tool's placement leaves it) or `apart` on
+    the API server's cores (where vLLM's own CPU binding reserves a core for it); NICE the niceness of
+    the server's every process (15: what they inherit from Ray's workers; 0: normal priority, as a
+    deployment runs). Per arm: the capacity, its spread, and where the worker's and the scheduler's
+    threads' time went (schedstat: ran, and waited runnable)."""
+    from trainables.trial import TrialRunner, driver_pool_factory
+    from trainables.vllm_engine import set_process_affinity
+    from tuner.search import trial_context
+
+    arms = [arm.strip() for arm in args.arms.split(",")]
+    prepared = _prepared(_settings(args.settings))
+    context = trial_context(prepared)
+    params = dict(prepared.baseline)
+    print(f"baseline {params}: arms {', '.join(arms)} on {args.engines} engines, settings {args.settings}", flush=True)
+    by_arm: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    start_local_ray()
+    try:
+        for engine in range(args.engines):
+            probe = _host_probe()
+            runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=f"engine{engine}")
+            try:
+                runner.start()
+                if runner.failure is not None:
+                    raise SystemExit(f"engine {engine} failed to start: {runner.failure}")
+                info = runner.pool.info[0]
+                tree = [info["server_pid"], *_descendants(info["server_pid"])]
+                # vLLM names them VLLM::EngineCore and VLLM::Worker...; the kernel keeps 15 characters
+                schedulers = [pid for pid in tree if _comm(pid).startswith("VLLM::EngineCor")]
+                workers = [pid for pid in tree if _comm(pid).startswith("VLLM::Worker")]
+                if not (schedulers and workers):
+                    raise SystemExit(f"engine {engine}: no vLLM scheduler and worker found to place ({info})")
+                apart = os.sched_getaffinity(info["server_pid"])
+                order = arms[engine % len(arms) :] + arms[: engine % len(arms)]
+                for position, arm in enumerate(order):
+                    where, nice = arm.split("/")
+                    for pid in schedulers:
+                        set_process_affinity(pid, info["cores"] if where == "beside" else apart)
+                    _renice(tree, int(nice))
+                    placed = sorted(os.sched_getaffinity(schedulers[0]))
+                    before = _schedstat(workers), _schedstat(schedulers)
+                    entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
+                    after = _schedstat(workers), _schedstat(schedulers)
+                    wall = entry["wall_s"]
+                    by_arm[arm].append(
+                        {
+                            **_trial_summary(entry),
+                            "engine": engine,
+                            "position": position,
+                            "host_probe_s": round(probe, 3),
+                            "scheduler_cores": placed,
+                            "worker_cores": sorted(os.sched_getaffinity(workers[0])),
+                            "nice": os.getpriority(os.PRIO_PROCESS, workers[0]),
+                            "worker_run_share": round((after[0][0] - before[0][0]) / wall, 3),
+                            "worker_wait_share": round((after[0][1] - before[0][1]) / wall, 3),
+                            "scheduler_run_share": round((after[1][0] - before[1][0]) / wall, 3),
+                        }
+                    )
+                    row = by_arm[arm][-1]
+                    print(
+                        f"engine {engine + 1} {arm} (scheduler on {placed}, nice {row['nice']}): "
+                        f"{entry['status_reason']}; the worker ran {row['worker_run_share']:.0%} and waited "
+                        f"{row['worker_wait_share']:.0%} of the search, the scheduler ran "
+                        f"{row['scheduler_run_share']:.0%}",
+                        flush=True,
+                    )
+            finally:
+                runner.close()
+    finally:
+        stop_ray()
+    summary = {arm: _rule_summary(runs) for arm, runs in by_arm.items()}
+    for arm, row in summary.items():
+        print(f"{arm}: {_rule_line(row)}", flush=True)
+    _save_series(
+        "placement",
+        args,
+        {"params": params, "slo": prepared.config.slo, "engines": args.engines, "arms": summary, "runs": by_arm},
+    )
+
+
 def _rule_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Capacity's spread over the pools under one rule, and what a search cost."""
     capacities = [r["capacity"] or 0.0 for r in runs]
@@ -923,6 +1061,16 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override on top of the settings, e.g. slo='ttft:p95<2s; tpot:p95<100ms' (repeatable)",
     )
+    pla = commands.add_parser("placement", help="vLLM's scheduler beside its worker or apart, and the niceness")
+    pla.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
+    pla.add_argument("--settings", choices=("full", "demo"), default="full")
+    pla.add_argument(
+        "--arms",
+        default="apart/0,beside/15",
+        help="WHERE/NICE, comma-separated: vLLM's scheduler apart from or beside its worker, the server's "
+        "niceness (default: vLLM's own reserve at normal priority against the tool's placement)",
+    )
+    pla.add_argument("--label", default="", help="suffix of the results section (placement_SETTINGS_LABEL)")
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
     commands.add_parser("analyse", help="where each recorded repeatability series' spread lives (no engine)")
     args = parser.parse_args()
@@ -936,10 +1084,15 @@ def main() -> None:
             parser.error(f"rules: --rules from {', '.join(FAILURE_RULES)} and --engines at least 2")
         if any("=" not in item for item in args.set):
             parser.error("rules: --set takes KEY=VALUE")
+    if args.command == "placement":
+        arms = [arm.strip().split("/") for arm in args.arms.split(",")]
+        if args.engines < 2 or any(len(a) != 2 or a[0] not in ("apart", "beside") or not a[1].isdigit() for a in arms):
+            parser.error("placement: --arms WHERE/NICE,... (WHERE apart or beside, NICE 0-19), --engines at least 2")
     {
         "repeatability": repeatability,
         "engines": engines,
         "rules": rules,
+        "placement": placement,
         "fidelity": fidelity,
         "bursty": bursty,
         "analyse": analyse,

@@ -209,3 +209,47 @@ def test_the_rule_replay_makes_pass_rates_fall_with_load_and_summarises_searches
     assert summary["deep"] == pytest.approx(0.1)  # 7 is below 80% of the median 10
     assert summary["cv5_within_5pct"] == pytest.approx(0.5)  # the first five agree, the second five do not
     assert summary["measurements"] == 6.0
+
+
+_TREE = """
+import os, time
+def named(title):
+    with open("/proc/self/comm", "w") as comm:
+        comm.write(title)
+if os.fork() == 0:
+    named("VLLM::EngineCore")
+    if os.fork() == 0:
+        named("VLLM::Worker_TP0")
+        while True:
+            pass
+time.sleep(120)
+"""
+
+
+def test_placement_finds_vllms_scheduler_and_worker_under_the_server_and_reads_their_time():
+    """`placement` places the processes vLLM names VLLM::EngineCore and VLLM::Worker under the API server
+    (a stand-in tree here, named as vLLM names them), and reads what their threads ran (schedstat)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    server = subprocess.Popen([sys.executable, "-c", _TREE], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        names: dict[str, int] = {}
+        while time.monotonic() < deadline and len(names) < 2:
+            names = {capacity._comm(pid): pid for pid in capacity._descendants(server.pid)}
+            time.sleep(0.05)
+        assert set(names) == {"VLLM::EngineCor", "VLLM::Worker_TP"}, names  # the kernel keeps 15 characters
+        worker = names["VLLM::Worker_TP"]
+        time.sleep(0.3)
+        ran, waited = capacity._schedstat([worker])
+        assert ran > 0.05 and waited >= 0, (ran, waited)  # the stand-in worker spins
+        capacity._renice([worker], 7)
+        assert os.getpriority(os.PRIO_PROCESS, worker) == 7
+        assert capacity._descendants(worker) == [] and capacity._comm(10**9) == ""
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
