@@ -562,6 +562,10 @@ def _renice(pids: list[int], nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, int(thread), nice)
             except ProcessLookupError:
                 continue
+            except PermissionError:
+                raise SystemExit(
+                    f"placement: niceness {nice} needs root (a server's priority is raised back)"
+                ) from None
 
 
 def placement(args: argparse.Namespace) -> None:
@@ -1086,7 +1090,9 @@ def main() -> None:
             parser.error("rules: --set takes KEY=VALUE")
     if args.command == "placement":
         arms = [arm.strip().split("/") for arm in args.arms.split(",")]
-        if args.engines < 2 or any(len(a) != 2 or a[0] not in ("apart", "beside") or not a[1].isdigit() for a in arms):
+        if args.engines < 2 or any(
+            len(a) != 2 or a[0] not in ("apart", "beside") or not a[1].isdigit() or int(a[1]) > 19 for a in arms
+        ):
             parser.error("placement: --arms WHERE/NICE,... (WHERE apart or beside, NICE 0-19), --engines at least 2")
     {
         "repeatability": repeatability,

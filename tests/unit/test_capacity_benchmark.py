@@ -253,3 +253,24 @@ def test_placement_finds_vllms_scheduler_and_worker_under_the_server_and_reads_t
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+@pytest.mark.parametrize("arms", ["beside/20", "over/0", "apart", "apart/-1"])
+def test_placement_refuses_an_arm_it_cannot_set_in_one_line(arms, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["capacity.py", "placement", "--arms", f"beside/15,{arms}"])
+    monkeypatch.setattr(capacity, "placement", lambda args: pytest.fail(f"ran with --arms {args.arms}"))
+    with pytest.raises(SystemExit) as exit_:
+        capacity.main()
+    assert exit_.value.code == 2
+    assert "placement: --arms WHERE/NICE" in capsys.readouterr().err
+
+
+def test_placement_says_that_raising_a_priority_needs_root(monkeypatch):
+    import os
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    with pytest.raises(SystemExit, match="niceness 0 needs root"):
+        capacity._renice([os.getpid()], 0)
