@@ -56,6 +56,7 @@ not tests: run them on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -66,6 +67,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -366,6 +368,28 @@ def _search_on(runner: Any, on_step: Any) -> dict[str, Any]:
     }
 
 
+def _fresh_pools(context: Any, params: dict[str, Any], count: int) -> Iterator[tuple[int, Any, float]]:
+    """Local Ray, then `count` fresh pools of `params`, one at a time: yields (index, the started runner,
+    the host probe taken before it); each pool is closed after its turn and Ray stopped at the end (use it
+    under contextlib.closing, so that an error or Ctrl-C in the loop closes them at once)."""
+    from trainables.trial import TrialRunner, driver_pool_factory
+
+    start_local_ray()
+    try:
+        for engine in range(count):
+            probe = _host_probe()
+            runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=f"engine{engine}")
+            try:
+                runner.start()
+                if runner.failure is not None:
+                    raise SystemExit(f"engine {engine} failed to start: {runner.failure}")
+                yield engine, runner, probe
+            finally:
+                runner.close()
+    finally:
+        stop_ray()
+
+
 def pass_by_load(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Over many searches of one config: at each nominal load, how often a step there passed, and the
     headroom of its passes and fails (the pass probability around the breaking point, from the
@@ -409,7 +433,6 @@ def _variance_components(groups: list[list[float]]) -> dict[str, Any]:
 def engines(args: argparse.Namespace) -> None:
     """The baseline's capacity searched `--searches` times on each of `--engines` fresh pools: is the
     repeatability spread a property of each engine's start (between) or of each search (within)?"""
-    from trainables.trial import TrialRunner, driver_pool_factory
     from tuner.search import trial_context
 
     prepared = _prepared(_settings(args.settings))
@@ -417,25 +440,14 @@ def engines(args: argparse.Namespace) -> None:
     params = dict(prepared.baseline)
     print(f"baseline {params}: {args.engines} engines x {args.searches} searches, settings {args.settings}", flush=True)
     rows: list[list[dict[str, Any]]] = []
-    start_local_ray()
-    try:
-        for engine in range(args.engines):
-            probe = _host_probe()
-            runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=f"engine{engine}")
+    with contextlib.closing(_fresh_pools(context, params, args.engines)) as pools:
+        for engine, runner, probe in pools:
             runs = []
-            try:
-                runner.start()
-                if runner.failure is not None:
-                    raise SystemExit(f"engine {engine} failed to start: {runner.failure}")
-                for search in range(args.searches):
-                    entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
-                    runs.append({**_trial_summary(entry), "host_probe_s": round(probe, 3)})
-                    print(f"engine {engine + 1} search {search + 1}: {entry['status_reason']}", flush=True)
-            finally:
-                runner.close()
+            for search in range(args.searches):
+                entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
+                runs.append({**_trial_summary(entry), "host_probe_s": round(probe, 3)})
+                print(f"engine {engine + 1} search {search + 1}: {entry['status_reason']}", flush=True)
             rows.append(runs)
-    finally:
-        stop_ray()
     summary = _engines_summary(rows)
     print(f"capacities by engine {summary['capacities']}", flush=True)
     print(_engines_line(summary), flush=True)
@@ -456,7 +468,6 @@ def rules(args: argparse.Namespace) -> None:
     """The baseline's capacity under each failure rule, one search each on every fresh pool, side by side."""
     import yaml
 
-    from trainables.trial import TrialRunner, driver_pool_factory
     from tuner.search import trial_context
 
     names = [name.strip() for name in args.rules.split(",")]
@@ -472,33 +483,22 @@ def rules(args: argparse.Namespace) -> None:
         f"baseline {params}: rules {', '.join(names)} on {args.engines} engines, settings {args.settings}", flush=True
     )
     by_rule: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    start_local_ray()
-    try:
-        for engine in range(args.engines):
-            probe = _host_probe()
-            runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=f"engine{engine}")
-            try:
-                runner.start()
-                if runner.failure is not None:
-                    raise SystemExit(f"engine {engine} failed to start: {runner.failure}")
-                order = names[engine % len(names) :] + names[: engine % len(names)]
-                for position, name in enumerate(order):
-                    plan = dataclasses.replace(context.plan, failure_rule=name)
-                    runner.context = dataclasses.replace(context, plan=plan)
-                    entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
-                    by_rule[name].append(
-                        {
-                            **_trial_summary(entry),
-                            "engine": engine,
-                            "position": position,
-                            "host_probe_s": round(probe, 3),
-                        }
-                    )
-                    print(f"engine {engine + 1} rule {name}: {entry['status_reason']}", flush=True)
-            finally:
-                runner.close()
-    finally:
-        stop_ray()
+    with contextlib.closing(_fresh_pools(context, params, args.engines)) as pools:
+        for engine, runner, probe in pools:
+            order = names[engine % len(names) :] + names[: engine % len(names)]
+            for position, name in enumerate(order):
+                plan = dataclasses.replace(context.plan, failure_rule=name)
+                runner.context = dataclasses.replace(context, plan=plan)
+                entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
+                by_rule[name].append(
+                    {
+                        **_trial_summary(entry),
+                        "engine": engine,
+                        "position": position,
+                        "host_probe_s": round(probe, 3),
+                    }
+                )
+                print(f"engine {engine + 1} rule {name}: {entry['status_reason']}", flush=True)
     summary = {name: _rule_summary(runs) for name, runs in by_rule.items()}
     for name, row in summary.items():
         print(f"{name}: {_rule_line(row)}", flush=True)
@@ -576,7 +576,6 @@ def placement(args: argparse.Namespace) -> None:
     the server's every process (15: what they inherit from Ray's workers; 0: normal priority, as a
     deployment runs). Per arm: the capacity, its spread, and where the worker's and the scheduler's
     threads' time went (schedstat: ran, and waited runnable)."""
-    from trainables.trial import TrialRunner, driver_pool_factory
     from trainables.vllm_engine import set_process_affinity
     from tuner.search import trial_context
 
@@ -586,60 +585,49 @@ def placement(args: argparse.Namespace) -> None:
     params = dict(prepared.baseline)
     print(f"baseline {params}: arms {', '.join(arms)} on {args.engines} engines, settings {args.settings}", flush=True)
     by_arm: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
-    start_local_ray()
-    try:
-        for engine in range(args.engines):
-            probe = _host_probe()
-            runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=f"engine{engine}")
-            try:
-                runner.start()
-                if runner.failure is not None:
-                    raise SystemExit(f"engine {engine} failed to start: {runner.failure}")
-                info = runner.pool.info[0]
-                tree = [info["server_pid"], *_descendants(info["server_pid"])]
-                # vLLM names them VLLM::EngineCore and VLLM::Worker...; the kernel keeps 15 characters
-                schedulers = [pid for pid in tree if _comm(pid).startswith("VLLM::EngineCor")]
-                workers = [pid for pid in tree if _comm(pid).startswith("VLLM::Worker")]
-                if not (schedulers and workers):
-                    raise SystemExit(f"engine {engine}: no vLLM scheduler and worker found to place ({info})")
-                apart = os.sched_getaffinity(info["server_pid"])
-                order = arms[engine % len(arms) :] + arms[: engine % len(arms)]
-                for position, arm in enumerate(order):
-                    where, nice = arm.split("/")
-                    for pid in schedulers:
-                        set_process_affinity(pid, info["cores"] if where == "beside" else apart)
-                    _renice(tree, int(nice))
-                    placed = sorted(os.sched_getaffinity(schedulers[0]))
-                    before = _schedstat(workers), _schedstat(schedulers)
-                    entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
-                    after = _schedstat(workers), _schedstat(schedulers)
-                    wall = entry["wall_s"]
-                    by_arm[arm].append(
-                        {
-                            **_trial_summary(entry),
-                            "engine": engine,
-                            "position": position,
-                            "host_probe_s": round(probe, 3),
-                            "scheduler_cores": placed,
-                            "worker_cores": sorted(os.sched_getaffinity(workers[0])),
-                            "nice": os.getpriority(os.PRIO_PROCESS, workers[0]),
-                            "worker_run_share": round((after[0][0] - before[0][0]) / wall, 3),
-                            "worker_wait_share": round((after[0][1] - before[0][1]) / wall, 3),
-                            "scheduler_run_share": round((after[1][0] - before[1][0]) / wall, 3),
-                        }
-                    )
-                    row = by_arm[arm][-1]
-                    print(
-                        f"engine {engine + 1} {arm} (scheduler on {placed}, nice {row['nice']}): "
-                        f"{entry['status_reason']}; the worker ran {row['worker_run_share']:.0%} and waited "
-                        f"{row['worker_wait_share']:.0%} of the search, the scheduler ran "
-                        f"{row['scheduler_run_share']:.0%}",
-                        flush=True,
-                    )
-            finally:
-                runner.close()
-    finally:
-        stop_ray()
+    with contextlib.closing(_fresh_pools(context, params, args.engines)) as pools:
+        for engine, runner, probe in pools:
+            info = runner.pool.info[0]
+            tree = [info["server_pid"], *_descendants(info["server_pid"])]
+            # vLLM names them VLLM::EngineCore and VLLM::Worker...; the kernel keeps 15 characters
+            schedulers = [pid for pid in tree if _comm(pid).startswith("VLLM::EngineCor")]
+            workers = [pid for pid in tree if _comm(pid).startswith("VLLM::Worker")]
+            if not (schedulers and workers):
+                raise SystemExit(f"engine {engine}: no vLLM scheduler and worker found to place ({info})")
+            apart = os.sched_getaffinity(info["server_pid"])
+            order = arms[engine % len(arms) :] + arms[: engine % len(arms)]
+            for position, arm in enumerate(order):
+                where, nice = arm.split("/")
+                for pid in schedulers:
+                    set_process_affinity(pid, info["cores"] if where == "beside" else apart)
+                _renice(tree, int(nice))
+                placed = sorted(os.sched_getaffinity(schedulers[0]))
+                before = _schedstat(workers), _schedstat(schedulers)
+                entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
+                after = _schedstat(workers), _schedstat(schedulers)
+                wall = entry["wall_s"]
+                by_arm[arm].append(
+                    {
+                        **_trial_summary(entry),
+                        "engine": engine,
+                        "position": position,
+                        "host_probe_s": round(probe, 3),
+                        "scheduler_cores": placed,
+                        "worker_cores": sorted(os.sched_getaffinity(workers[0])),
+                        "nice": os.getpriority(os.PRIO_PROCESS, workers[0]),
+                        "worker_run_share": round((after[0][0] - before[0][0]) / wall, 3),
+                        "worker_wait_share": round((after[0][1] - before[0][1]) / wall, 3),
+                        "scheduler_run_share": round((after[1][0] - before[1][0]) / wall, 3),
+                    }
+                )
+                row = by_arm[arm][-1]
+                print(
+                    f"engine {engine + 1} {arm} (scheduler on {placed}, nice {row['nice']}): "
+                    f"{entry['status_reason']}; the worker ran {row['worker_run_share']:.0%} and waited "
+                    f"{row['worker_wait_share']:.0%} of the search, the scheduler ran "
+                    f"{row['scheduler_run_share']:.0%}",
+                    flush=True,
+                )
     summary = {arm: _rule_summary(runs) for arm, runs in by_arm.items()}
     for arm, row in summary.items():
         print(f"{arm}: {_rule_line(row)}", flush=True)

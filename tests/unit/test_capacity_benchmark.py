@@ -274,3 +274,42 @@ def test_placement_says_that_raising_a_priority_needs_root(monkeypatch):
     monkeypatch.setattr(os, "setpriority", refuse)
     with pytest.raises(SystemExit, match="niceness 0 needs root"):
         capacity._renice([os.getpid()], 0)
+
+
+def test_fresh_pools_close_every_pool_and_stop_ray_when_the_loop_stops_early(monkeypatch):
+    """`engines`, `rules` and `placement` run their searches over `_fresh_pools`: a loop that fails half-way
+    (or a pool that cannot start) still closes what it started and stops Ray."""
+    import contextlib
+
+    import trainables.trial
+
+    events: list[str] = []
+
+    class Runner:
+        def __init__(self, context, params, factory, trial_id):
+            self.trial_id, self.failure = trial_id, "no KV cache" if trial_id == "engine2" else None
+
+        def start(self):
+            events.append(f"start {self.trial_id}")
+
+        def close(self):
+            events.append(f"close {self.trial_id}")
+
+    monkeypatch.setattr(trainables.trial, "TrialRunner", Runner)
+    monkeypatch.setattr(trainables.trial, "driver_pool_factory", lambda context: None)
+    monkeypatch.setattr(capacity, "start_local_ray", lambda: events.append("ray up"))
+    monkeypatch.setattr(capacity, "stop_ray", lambda: events.append("ray down"))
+    monkeypatch.setattr(capacity, "_host_probe", lambda: 0.25)
+
+    with pytest.raises(RuntimeError), contextlib.closing(capacity._fresh_pools(None, {}, 5)) as pools:
+        for engine, runner, probe in pools:
+            assert probe == 0.25 and runner.trial_id == f"engine{engine}"
+            if engine == 1:
+                raise RuntimeError("a search failed")
+    assert events == ["ray up", "start engine0", "close engine0", "start engine1", "close engine1", "ray down"]
+
+    events.clear()
+    with pytest.raises(SystemExit, match="engine 2 failed to start: no KV cache"):
+        with contextlib.closing(capacity._fresh_pools(None, {}, 5)) as pools:
+            assert [engine for engine, _, _ in pools] == [0, 1]
+    assert events[-2:] == ["close engine2", "ray down"] and "start engine3" not in events
