@@ -7,6 +7,8 @@ get the load it is offered?
     .venv/bin/python benchmarks/capacity.py engines         # 5 engines x 3 searches each: ~50 min
     .venv/bin/python benchmarks/capacity.py rules           # each failure rule once on 5 engines: ~40 min
     .venv/bin/python benchmarks/capacity.py placement       # scheduler apart/beside its worker: ~40 min
+    .venv/bin/python benchmarks/capacity.py settings --arm 'capacity.min_window_s=20' \
+        --arm 'capacity.min_window_s=40'                    # 20 s against 40 s steps on 5 engines: ~60 min
     .venv/bin/python benchmarks/capacity.py analyse         # where recorded repeatability spreads live
 
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
@@ -33,6 +35,9 @@ get the load it is offered?
   the server's processes (15, inherited from Ray's workers, as the tool runs them; 0, as a deployment
   does). On each fresh pool one search per arm, the order rotating; per arm the capacity's CV and what
   the worker's and the scheduler's threads ran (schedstat). Needs root to raise a priority back.
+- `settings` compares measurement settings the same way (`--arm 'capacity.KEY=VALUE;...'`, two or
+  more, each on top of `--settings`; capacity settings only, so every arm measures the same engine): for
+  example 20 s against 40 s steps, per arm the capacity's CV and what a search cost.
 - `analyse` reads every recorded repeatability series and says where its spread lives: the CV of an
   interpolated crossing (where headroom crosses 1 inside the bracket: the runs without the bracket's
   quantisation), the rank correlation of capacity with the host probe, the reference TPOT and the engine
@@ -45,6 +50,10 @@ get the load it is offered?
   --self-timed`, replaying the same step samples at the same rates, judged with the same SLO rule and
   searched with the same capacity planner. Goal: brackets overlap and midpoints agree within 10%.
   The server's own /metrics histograms (TTFT, end-to-end) separate server time from client time.
+  `--configs` picks the configs, `--label` names the results section (`fidelity_SETTINGS_LABEL`). With
+  `--repeats` of 2 or more it also gives each side's repeatability: the peer has no Ray and nothing of
+  this tool in its path, so a peer that spreads as much as the tool puts the spread in the host and
+  vLLM, not in the tool's measurement; the log ratio tool/peer of each repeat shows a shared drift.
 - `bursty` runs one capacity search on the first 400 rows of BurstGPT (../shared/traces) and one on a
   synthetic Gamma trace with burstiness CV 4, and checks every step offered the load it was asked for
   (measured arrival rate within 5% of the target) with no empty step.
@@ -464,17 +473,44 @@ def engines(args: argparse.Namespace) -> None:
     )
 
 
-def rules(args: argparse.Namespace) -> None:
-    """The baseline's capacity under each failure rule, one search each on every fresh pool, side by side."""
+def _arms_on_pools(
+    context: Any, params: dict[str, Any], engines: int, arms: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """Arms side by side on `engines` fresh pools of `params`: on each pool one search per arm (its trial
+    context: `arms` maps a name to it), the order rotating from pool to pool so that neither arm always
+    runs first; each search's `_trial_summary` with its pool, position and host probe, by arm."""
+    names = list(arms)
+    by_arm: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    with contextlib.closing(_fresh_pools(context, params, engines)) as pools:
+        for engine, runner, probe in pools:
+            order = names[engine % len(names) :] + names[: engine % len(names)]
+            for position, name in enumerate(order):
+                runner.context = arms[name]
+                entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
+                by_arm[name].append(
+                    {**_trial_summary(entry), "engine": engine, "position": position, "host_probe_s": round(probe, 3)}
+                )
+                print(f"engine {engine + 1} {name}: {entry['status_reason']}", flush=True)
+    return by_arm
+
+
+def _overrides(args: argparse.Namespace, items: list[str]) -> dict[str, Any]:
+    """The `--settings` overrides with KEY=VALUE items on top (values read as YAML, the SLO as text)."""
     import yaml
 
+    overrides = {**_settings(args.settings)}
+    for item in items:
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = yaml.safe_load(value) if key.strip() != "slo" else value
+    return overrides
+
+
+def rules(args: argparse.Namespace) -> None:
+    """The baseline's capacity under each failure rule, one search each on every fresh pool, side by side."""
     from tuner.search import trial_context
 
     names = [name.strip() for name in args.rules.split(",")]
-    overrides = {**_settings(args.settings)}
-    for item in args.set:
-        key, value = item.split("=", 1)
-        overrides[key] = yaml.safe_load(value) if key != "slo" else value
+    overrides = _overrides(args, args.set)
     prepared = _prepared(overrides)
     context = trial_context(prepared)
     params = dict(prepared.baseline)
@@ -482,38 +518,64 @@ def rules(args: argparse.Namespace) -> None:
     print(
         f"baseline {params}: rules {', '.join(names)} on {args.engines} engines, settings {args.settings}", flush=True
     )
-    by_rule: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    with contextlib.closing(_fresh_pools(context, params, args.engines)) as pools:
-        for engine, runner, probe in pools:
-            order = names[engine % len(names) :] + names[: engine % len(names)]
-            for position, name in enumerate(order):
-                plan = dataclasses.replace(context.plan, failure_rule=name)
-                runner.context = dataclasses.replace(context, plan=plan)
-                entry = _search_on(runner, lambda r: print(step_line(r), flush=True))
-                by_rule[name].append(
-                    {
-                        **_trial_summary(entry),
-                        "engine": engine,
-                        "position": position,
-                        "host_probe_s": round(probe, 3),
-                    }
-                )
-                print(f"engine {engine + 1} rule {name}: {entry['status_reason']}", flush=True)
-    summary = {name: _rule_summary(runs) for name, runs in by_rule.items()}
-    for name, row in summary.items():
-        print(f"{name}: {_rule_line(row)}", flush=True)
+    arms = {
+        name: dataclasses.replace(context, plan=dataclasses.replace(context.plan, failure_rule=name)) for name in names
+    }
+    by_rule = _arms_on_pools(context, params, args.engines, arms)
+    _save_arms("rules", args, prepared, by_rule, summary_key="rules", set=args.set)
+
+
+def _save_arms(
+    kind: str,
+    args: argparse.Namespace,
+    prepared: Any,
+    by_arm: dict[str, list[dict[str, Any]]],
+    *,
+    summary_key: str,
+    **extra: Any,
+) -> None:
+    """Print and save a side-by-side series (`rules`, `settings`, `placement`): per arm the capacity's
+    spread and cost (`_rule_summary`), with every search's rows."""
+    summary = {arm: _rule_summary(runs) for arm, runs in by_arm.items()}
+    for arm, row in summary.items():
+        print(f"{arm}: {_rule_line(row)}", flush=True)
     _save_series(
-        "rules",
+        kind,
         args,
         {
-            "params": params,
+            "params": dict(prepared.baseline),
             "slo": prepared.config.slo,
-            "set": args.set,
+            **extra,
             "engines": args.engines,
-            "rules": summary,
-            "runs": by_rule,
+            summary_key: summary,
+            "runs": by_arm,
         },
     )
+
+
+def settings(args: argparse.Namespace) -> None:
+    """The baseline's capacity under measurement settings side by side (each arm `KEY=VALUE;...` of
+    `capacity.*` overrides on top of `--settings`), one search per arm on every fresh pool: for example
+    whether longer steps (`capacity.min_window_s`) repeat better, and what they cost."""
+    from tuner.errors import ConfigError
+    from tuner.search import trial_context
+
+    arms, plans = {}, {}
+    for arm in args.arms:
+        try:
+            prepared = _prepared(_overrides(args, [item for item in arm.split(";") if item.strip()]))
+        except ConfigError as error:  # bad input: one line and exit code 2, as argparse's own errors
+            print(f"capacity.py: error: settings: --arm {arm!r}: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        arms[arm] = trial_context(prepared)
+        plans[arm] = {
+            "plan": dataclasses.asdict(arms[arm].plan),
+            "window_s": arms[arm].sample.window_s(arms[arm].reference_rps),
+        }
+    params = dict(prepared.baseline)
+    print(f"baseline {params}: arms {' | '.join(arms)} on {args.engines} engines, settings {args.settings}", flush=True)
+    by_arm = _arms_on_pools(next(iter(arms.values())), params, args.engines, arms)
+    _save_arms("settings", args, prepared, by_arm, summary_key="arms", plans=plans)
 
 
 def _schedstat(pids: list[int]) -> tuple[float, float]:
@@ -628,14 +690,7 @@ def placement(args: argparse.Namespace) -> None:
                     f"{row['scheduler_run_share']:.0%}",
                     flush=True,
                 )
-    summary = {arm: _rule_summary(runs) for arm, runs in by_arm.items()}
-    for arm, row in summary.items():
-        print(f"{arm}: {_rule_line(row)}", flush=True)
-    _save_series(
-        "placement",
-        args,
-        {"params": params, "slo": prepared.config.slo, "engines": args.engines, "arms": summary, "runs": by_arm},
-    )
+    _save_arms("placement", args, prepared, by_arm, summary_key="arms")
 
 
 def _rule_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -812,6 +867,34 @@ def peer_capacity(prepared, params: dict[str, Any], work: Path, *, seed: int) ->
     }
 
 
+def side_by_side(tool: list[float], peer: list[float]) -> dict[str, Any]:
+    """Each side's repeatability (CV of its capacities over the repeats, each on a fresh engine) and how
+    the two move together: the log ratio tool/peer of each repeat (taken minutes apart, so drift of the
+    host hits both) and its SD. If the peer, with no Ray and no tool of ours in its path, spreads as much
+    as the tool, the spread is the host's and vLLM's, not the tool's measurement; a paired SD well below
+    the unpaired ones says the two follow a common drift."""
+    if len(tool) != len(peer) or len(tool) < 2 or min(tool + peer) <= 0:
+        return {}
+    ratios = [math.log(t / p) for t, p in zip(tool, peer, strict=True)]
+    return {
+        "tool_cv": _cv(tool),
+        "peer_cv": _cv(peer),
+        "tool_sd_log": statistics.stdev(math.log(v) for v in tool),
+        "peer_sd_log": statistics.stdev(math.log(v) for v in peer),
+        "log_ratios": [round(r, 4) for r in ratios],
+        "paired_sd_log": statistics.stdev(ratios),
+    }
+
+
+def _side_by_side_line(row: dict[str, Any]) -> str:
+    if "tool_cv" not in row:
+        return "repeatability needs 2 or more repeats"
+    return (
+        f"CV tool {row['tool_cv']:.1%}, peer {row['peer_cv']:.1%}; SD(log) tool {row['tool_sd_log']:.3f}, "
+        f"peer {row['peer_sd_log']:.3f}, of the paired ratio {row['paired_sd_log']:.3f}"
+    )
+
+
 def _midpoint(run: dict[str, Any]) -> float:
     return (run["capacity"] * run["hi"]) ** 0.5 if run["hi"] else run["capacity"]
 
@@ -822,7 +905,8 @@ def fidelity(args: argparse.Namespace) -> None:
     servings = [s.strip() for s in args.servings.split(",") if s.strip()]
     sides = [f"tool:{s}" for s in servings] + ["peer"]
     prepared = _prepared(_settings(args.settings))
-    configs = {name: dict(params or prepared.baseline) for name, params in FIDELITY_CONFIGS.items()}
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
+    configs = {name: dict(FIDELITY_CONFIGS[name] or prepared.baseline) for name in chosen}
     rows: dict[str, dict[str, Any]] = {
         name: {"params": p, **{side: [] for side in sides}} for name, p in configs.items()
     }
@@ -869,10 +953,12 @@ def fidelity(args: argparse.Namespace) -> None:
                 "peer_range": [peer_lo, peer_hi],
                 "brackets_overlap": overlap,
                 "midpoints_within_10pct": abs(tool_mid / peer_mid - 1) <= 0.10,
+                **side_by_side([r["capacity"] for r in runs], [r["capacity"] for r in row["peer"]]),
             }
             print(
                 f"{name} ({serving}): tool {tool_mid:.2f} [{tool_lo:.2f}-{tool_hi:.2f}], peer {peer_mid:.2f} "
-                f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}",
+                f"[{peer_lo:.2f}-{peer_hi:.2f}]: ratio {tool_mid / peer_mid:.3f}, overlap {overlap}; "
+                + _side_by_side_line(verdicts[name][serving]),
                 flush=True,
             )
     _save_series(
@@ -887,10 +973,12 @@ def fidelity(args: argparse.Namespace) -> None:
             "verdicts": verdicts,
         },
     )
-    _plot_fidelity(rows, sides)
+    _plot_fidelity(
+        rows, sides, "capacity.png" if not args.label else f"capacity_fidelity_{args.settings}_{args.label}.png"
+    )
 
 
-def _plot_fidelity(rows: dict[str, Any], sides: list[str]) -> None:
+def _plot_fidelity(rows: dict[str, Any], sides: list[str], filename: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -910,9 +998,9 @@ def _plot_fidelity(rows: dict[str, Any], sides: list[str]) -> None:
         labels.append("")
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.set_xlabel("capacity bracket: highest pass .. lowest failure (requests/s per accelerator)")
-    ax.set_title("Capacity measured by the tool and by vLLM's server + bench serve (same samples, SLO, planner)")
+    ax.set_title("Capacity: the tool and vLLM's server + bench serve\n(same samples, SLO and planner)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(OUT / "capacity.png", dpi=110)
+    fig.savefig(OUT / filename, dpi=110)
     plt.close(fig)
 
 
@@ -1032,6 +1120,12 @@ def main() -> None:
     fid.add_argument("--repeats", type=int, default=2)
     fid.add_argument("--settings", choices=("full", "demo"), default="full")
     fid.add_argument(
+        "--configs",
+        default=",".join(FIDELITY_CONFIGS),
+        help=f"which configs, comma-separated, from {', '.join(FIDELITY_CONFIGS)} (default: both)",
+    )
+    fid.add_argument("--label", default="", help="suffix of the results section (fidelity_SETTINGS_LABEL)")
+    fid.add_argument(
         "--servings",
         default="openai-server,in-process",
         help="how the tool serves its replicas, comma-separated (default: both)",
@@ -1053,6 +1147,19 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override on top of the settings, e.g. slo='ttft:p95<2s; tpot:p95<100ms' (repeatable)",
     )
+    sett = commands.add_parser("settings", help="measurement settings side by side, fresh engines")
+    sett.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
+    sett.add_argument("--settings", choices=("full", "demo"), default="full")
+    sett.add_argument(
+        "--arm",
+        dest="arms",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE;...",
+        help="one arm: capacity.* overrides on top of --settings, e.g. 'capacity.min_window_s=40' (at least 2; "
+        "an empty string for --settings as they are)",
+    )
+    sett.add_argument("--label", default="", help="suffix of the results section (settings_SETTINGS_LABEL)")
     pla = commands.add_parser("placement", help="vLLM's scheduler beside its worker or apart, and the niceness")
     pla.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
     pla.add_argument("--settings", choices=("full", "demo"), default="full")
@@ -1076,6 +1183,31 @@ def main() -> None:
             parser.error(f"rules: --rules from {', '.join(FAILURE_RULES)} and --engines at least 2")
         if any("=" not in item for item in args.set):
             parser.error("rules: --set takes KEY=VALUE")
+    if args.command == "settings":
+        items = [item.strip() for arm in args.arms for item in arm.split(";") if item.strip()]
+        if (
+            len(args.arms) < 2
+            or len(set(args.arms)) < len(args.arms)
+            or args.engines < 2
+            or any("=" not in item or not item.startswith("capacity.") for item in items)
+        ):
+            parser.error(
+                "settings: at least 2 different --arm 'capacity.KEY=VALUE;...' (capacity settings only: the "
+                "engine must be the same in every arm), --engines at least 2"
+            )
+    if args.command == "fidelity":
+        from typing import get_args
+
+        from tuner.config import SearchConfig
+
+        servings = get_args(SearchConfig.model_fields["serving"].annotation)
+        configs = [c.strip() for c in args.configs.split(",")]
+        given = [s.strip() for s in args.servings.split(",")]
+        if args.repeats < 1 or not all(configs) or set(configs) - set(FIDELITY_CONFIGS) or set(given) - set(servings):
+            parser.error(
+                f"fidelity: --configs from {', '.join(FIDELITY_CONFIGS)}, --servings from {', '.join(servings)}, "
+                "--repeats at least 1"
+            )
     if args.command == "placement":
         arms = [arm.strip().split("/") for arm in args.arms.split(",")]
         if args.engines < 2 or any(
@@ -1087,6 +1219,7 @@ def main() -> None:
         "engines": engines,
         "rules": rules,
         "placement": placement,
+        "settings": settings,
         "fidelity": fidelity,
         "bursty": bursty,
         "analyse": analyse,

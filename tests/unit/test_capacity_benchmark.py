@@ -257,12 +257,18 @@ def test_placement_finds_vllms_scheduler_and_worker_under_the_server_and_reads_t
 
 @pytest.mark.parametrize("arms", ["beside/20", "over/0", "apart", "apart/-1"])
 def test_placement_refuses_an_arm_it_cannot_set_in_one_line(arms, monkeypatch, capsys):
-    monkeypatch.setattr("sys.argv", ["capacity.py", "placement", "--arms", f"beside/15,{arms}"])
-    monkeypatch.setattr(capacity, "placement", lambda args: pytest.fail(f"ran with --arms {args.arms}"))
+    assert "placement: --arms WHERE/NICE" in _refused(monkeypatch, capsys, "placement", ["--arms", f"beside/15,{arms}"])
+
+
+def _refused(monkeypatch, capsys, command: str, argv: list[str]) -> str:
+    """What `capacity.py COMMAND ARGV` says on stderr when it exits 2 before running COMMAND (which, if
+    the check is gone, fails the test instead of starting a benchmark)."""
+    monkeypatch.setattr("sys.argv", ["capacity.py", command, *argv])
+    monkeypatch.setattr(capacity, command, lambda args: pytest.fail(f"{command} ran with {argv}"))
     with pytest.raises(SystemExit) as exit_:
         capacity.main()
     assert exit_.value.code == 2
-    assert "placement: --arms WHERE/NICE" in capsys.readouterr().err
+    return capsys.readouterr().err
 
 
 def test_placement_says_that_raising_a_priority_needs_root(monkeypatch):
@@ -313,3 +319,194 @@ def test_fresh_pools_close_every_pool_and_stop_ray_when_the_loop_stops_early(mon
         with contextlib.closing(capacity._fresh_pools(None, {}, 5)) as pools:
             assert [engine for engine, _, _ in pools] == [0, 1]
     assert events[-2:] == ["close engine2", "ray down"] and "start engine3" not in events
+
+
+def test_side_by_side_gives_each_sides_spread_and_how_the_pairs_move_together():
+    """The peer's repeatability beside the tool's: equal spreads that move together (a common drift)
+    leave a paired ratio that does not move; a side whose capacities repeat has CV 0."""
+    drift = [10.0, 12.0, 9.0, 11.0]
+    row = capacity.side_by_side([v * 1.1 for v in drift], drift)
+    assert row["tool_cv"] == pytest.approx(row["peer_cv"]) == pytest.approx(capacity._cv(drift))
+    assert row["paired_sd_log"] == pytest.approx(0.0, abs=1e-12)
+    assert row["log_ratios"] == [pytest.approx(math.log(1.1), abs=1e-4)] * 4
+    apart = capacity.side_by_side([10.0, 10.0, 10.0], [9.0, 11.0, 10.0])
+    assert apart["tool_cv"] == 0.0 and apart["peer_cv"] == pytest.approx(0.1)
+    assert apart["paired_sd_log"] == pytest.approx(apart["peer_sd_log"])
+    assert capacity.side_by_side([10.0], [9.0]) == {} and capacity.side_by_side([10.0, 9.0], [9.0]) == {}
+    assert "repeatability needs 2 or more" in capacity._side_by_side_line({})
+
+
+@pytest.mark.parametrize(
+    "argv", [["--configs", "defaults"], ["--configs", "vllm-defaults,"], ["--servings", "http"], ["--repeats", "0"]]
+)
+def test_fidelity_refuses_a_config_or_serving_it_does_not_have_in_one_line(argv, monkeypatch, capsys):
+    assert "fidelity: --configs from vllm-defaults, small-batch" in _refused(monkeypatch, capsys, "fidelity", argv)
+
+
+def test_fidelity_measures_only_the_configs_asked_for_each_side_in_turn(monkeypatch, tmp_path):
+    """`--configs vllm-defaults --servings openai-server --repeats 2`: the tool's trial and the peer's search
+    of the baseline alone, interleaved, and the side-by-side spread in the results section named by the label."""
+    order, saved = [], {}
+
+    def trial(context, params, name, on_step):
+        order.append(("tool", context.serving, params["max_num_seqs"]))
+        return {
+            "steps": [],
+            "capacity_rps_per_accel": 10.0 + len(order),
+            "capacity_hi_rps_per_accel": 12.0,
+            "capacity_censored": 0,
+            "wall_s": 1.0,
+            "start_s": 1.0,
+            "status_reason": "ok",
+        }
+
+    def peer(prepared, params, work, *, seed):
+        order.append(("peer", seed, params["max_num_seqs"]))
+        return {"capacity": 10.0, "hi": 11.0, "reason": "ok"}
+
+    monkeypatch.setattr(capacity, "run_trial", trial)
+    monkeypatch.setattr(capacity, "peer_capacity", peer)
+    monkeypatch.setattr(capacity, "start_local_ray", lambda: None)
+    monkeypatch.setattr(capacity, "stop_ray", lambda: None)
+    monkeypatch.setattr(capacity.time, "sleep", lambda s: None)
+    monkeypatch.setattr(capacity, "_save", lambda section, payload: saved.update({section: payload}))
+    monkeypatch.setattr(capacity, "_plot_fidelity", lambda rows, sides, filename: saved.update(plot=filename))
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "capacity.py",
+            "fidelity",
+            "--configs",
+            "vllm-defaults",
+            "--servings",
+            "openai-server",
+            "--repeats",
+            "2",
+            "--settings",
+            "demo",
+            "--label",
+            "here",
+        ],
+    )
+    capacity.main()
+    baseline = capacity._prepared().baseline["max_num_seqs"]
+    assert order == [
+        ("tool", "openai-server", baseline),
+        ("peer", 1, baseline),
+        ("tool", "openai-server", baseline),
+        ("peer", 2, baseline),
+    ]
+    section = saved["fidelity_demo_here"]
+    assert list(section["configs"]) == ["vllm-defaults"]
+    row = section["verdicts"]["vllm-defaults"]["openai-server"]
+    assert [r["capacity"] for r in section["configs"]["vllm-defaults"]["tool:openai-server"]] == [11.0, 13.0]
+    assert row["peer_cv"] == 0.0 and row["tool_cv"] == pytest.approx(capacity._cv([11.0, 13.0]))
+    assert saved["plot"] == "capacity_fidelity_demo_here.png"
+
+
+def test_arms_run_side_by_side_on_each_pool_in_rotating_order_under_their_own_settings(monkeypatch):
+    """`settings` (and `rules`): on every fresh pool one search per arm, each under its arm's trial context,
+    the first arm rotating from pool to pool; results by arm with pool and position."""
+    searched: list[tuple[int, str]] = []
+
+    class Runner:
+        def __init__(self, engine):
+            self.engine, self.context = engine, None
+
+    def pools(context, params, count):
+        assert context == "ctx 20 s" and count == 3  # the pools start under the first arm's context
+        yield from ((engine, Runner(engine), 0.25) for engine in range(count))
+
+    def search(runner, on_step):
+        searched.append((runner.engine, runner.context))
+        capacity_ = 10.0 + runner.engine + (0.5 if runner.context == "ctx 40 s" else 0.0)
+        return {
+            "steps": [],
+            "capacity_rps_per_accel": capacity_,
+            "capacity_hi_rps_per_accel": None,
+            "capacity_censored": 0,
+            "wall_s": 1.0,
+            "start_s": 1.0,
+            "status_reason": "ok",
+        }
+
+    monkeypatch.setattr(capacity, "_fresh_pools", pools)
+    monkeypatch.setattr(capacity, "_search_on", search)
+    by_arm = capacity._arms_on_pools("ctx 20 s", {}, 3, {"20 s": "ctx 20 s", "40 s": "ctx 40 s"})
+    assert searched == [
+        (0, "ctx 20 s"),
+        (0, "ctx 40 s"),
+        (1, "ctx 40 s"),
+        (1, "ctx 20 s"),
+        (2, "ctx 20 s"),
+        (2, "ctx 40 s"),
+    ]
+    assert [r["capacity"] for r in by_arm["40 s"]] == [10.5, 11.5, 12.5]
+    assert [(r["engine"], r["position"]) for r in by_arm["40 s"]] == [(0, 1), (1, 0), (2, 1)]
+
+
+@pytest.mark.parametrize(
+    "arms",
+    [
+        ["capacity.min_window_s=40"],  # one arm: nothing to compare
+        ["capacity.min_window_s=40", "capacity.min_window_s=40"],  # the same arm twice
+        ["capacity.min_window_s=20", "model.max_model_len=512"],  # another engine in one arm
+        ["capacity.min_window_s=20", "capacity.min_window_s"],  # no value
+    ],
+)
+def test_settings_refuses_arms_it_cannot_compare_in_one_line(arms, monkeypatch, capsys):
+    err = _refused(monkeypatch, capsys, "settings", [f"--arm={arm}" for arm in arms])
+    assert "settings: at least 2 different --arm 'capacity.KEY=VALUE;...'" in err
+
+
+def test_settings_names_the_arm_whose_value_the_config_refuses_before_starting_anything(monkeypatch, capsys):
+    monkeypatch.setattr(
+        "sys.argv", ["capacity.py", "settings", "--arm", "capacity.min_window_s=20", "--arm", "capacity.resolution=-1"]
+    )
+    monkeypatch.setattr(capacity, "_arms_on_pools", lambda *args: pytest.fail("started pools"))
+    with pytest.raises(SystemExit) as exit_:
+        capacity.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "settings: --arm 'capacity.resolution=-1'" in err and "resolution" in err.split("-1'", 1)[1]
+
+
+def test_settings_measures_each_arm_under_its_own_settings_and_saves_the_series(monkeypatch):
+    """Each arm's trial context carries its overrides on top of --settings (here the step length); the
+    pools start under the first arm's; the section holds each arm's spread, plan and every search."""
+    seen, saved = {}, {}
+
+    def arms_on_pools(context, params, engines, arms):
+        seen.update(first=context, arms=arms, engines=engines)
+        run = {"capacity": 10.0, "steps": 5, "wall_s": 100.0}
+        return {name: [dict(run), {**run, "capacity": 11.0}] for name in arms}
+
+    monkeypatch.setattr(capacity, "_arms_on_pools", arms_on_pools)
+    monkeypatch.setattr(capacity, "_save", lambda section, payload: saved.update({section: payload}))
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "capacity.py",
+            "settings",
+            "--engines",
+            "2",
+            "--arm",
+            "capacity.min_window_s=20",
+            "--arm",
+            "capacity.min_window_s=40;capacity.tail_requests=5",
+            "--label",
+            "here",
+        ],
+    )
+    capacity.main()
+    first, second = seen["arms"].values()
+    assert seen["first"] is first and seen["engines"] == 2
+    assert (first.sample.min_window_s, second.sample.min_window_s) == (20, 40)
+    assert (first.sample.min_measured, second.sample.min_measured) == (
+        200,
+        100,
+    )  # full settings' 10 tail requests, then 5
+    section = saved["settings_full_here"]
+    assert set(section["arms"]) == set(section["plans"]) == set(seen["arms"])
+    assert section["arms"]["capacity.min_window_s=20"]["capacities"] == [10.0, 11.0]
+    assert section["overrides"]["capacity.min_window_s"] == 20 and section["engines"] == 2
