@@ -8,7 +8,7 @@ get the load it is offered?
     .venv/bin/python benchmarks/capacity.py rules           # each failure rule once on 5 engines: ~40 min
     .venv/bin/python benchmarks/capacity.py placement       # scheduler apart/beside its worker: ~40 min
     .venv/bin/python benchmarks/capacity.py settings --arm 'capacity.min_window_s=20' \
-        --arm 'capacity.min_window_s=40'                    # 20 s against 40 s steps on 5 engines: ~60 min
+        --arm 'capacity.min_window_s=40'                    # 20 s against 40 s steps on 5 engines: ~40 min
     .venv/bin/python benchmarks/capacity.py analyse         # where recorded repeatability spreads live
 
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
