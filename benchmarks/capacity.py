@@ -1099,6 +1099,17 @@ def bursty(args: argparse.Namespace) -> None:
     _save("bursty", {"goal": "every step's arrival_rps within 5% of offered_rps, no empty step", "traces": rows})
 
 
+def _series_parser(commands: Any, name: str, help: str, *, pools: bool = False) -> argparse.ArgumentParser:
+    """A command that records a series: its --settings and --label (the results section
+    NAME_SETTINGS_LABEL), and with `pools` the --engines it runs on."""
+    sub = commands.add_parser(name, help=help)
+    if pools:
+        sub.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
+    sub.add_argument("--settings", choices=("full", "demo"), default="full")
+    sub.add_argument("--label", default="", help=f"suffix of the results section ({name}_SETTINGS_LABEL)")
+    return sub
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_bench":
         import peer
@@ -1116,30 +1127,26 @@ def main() -> None:
         help="suffix of the results section (repeatability_SETTINGS_LABEL), e.g. the CPU kind, so that a "
         "measurement on another machine does not replace the recorded one",
     )
-    fid = commands.add_parser("fidelity", help="tool vs vLLM's server + bench serve, two configs")
+    fid = _series_parser(commands, "fidelity", "tool vs vLLM's server + bench serve, two configs")
     fid.add_argument("--repeats", type=int, default=2)
-    fid.add_argument("--settings", choices=("full", "demo"), default="full")
     fid.add_argument(
         "--configs",
         default=",".join(FIDELITY_CONFIGS),
         help=f"which configs, comma-separated, from {', '.join(FIDELITY_CONFIGS)} (default: both)",
     )
-    fid.add_argument("--label", default="", help="suffix of the results section (fidelity_SETTINGS_LABEL)")
     fid.add_argument(
         "--servings",
         default="openai-server,in-process",
         help="how the tool serves its replicas, comma-separated (default: both)",
     )
-    eng = commands.add_parser("engines", help="the baseline searched several times on each of several engines")
-    eng.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
+    eng = _series_parser(
+        commands, "engines", "the baseline searched several times on each of several engines", pools=True
+    )
     eng.add_argument("--searches", type=int, default=3, help="searches on each pool, at least 2 (default 3)")
-    eng.add_argument("--settings", choices=("full", "demo"), default="full")
-    eng.add_argument("--label", default="", help="suffix of the results section (engines_SETTINGS_LABEL)")
-    rul = commands.add_parser("rules", help="the capacity search's failure rules side by side, fresh engines")
-    rul.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
+    rul = _series_parser(
+        commands, "rules", "the capacity search's failure rules side by side, fresh engines", pools=True
+    )
     rul.add_argument("--rules", default="once,majority", help="failure rules, comma-separated (default: both)")
-    rul.add_argument("--settings", choices=("full", "demo"), default="full")
-    rul.add_argument("--label", default="", help="suffix of the results section (rules_SETTINGS_LABEL)")
     rul.add_argument(
         "--set",
         action="append",
@@ -1147,9 +1154,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override on top of the settings, e.g. slo='ttft:p95<2s; tpot:p95<100ms' (repeatable)",
     )
-    sett = commands.add_parser("settings", help="measurement settings side by side, fresh engines")
-    sett.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
-    sett.add_argument("--settings", choices=("full", "demo"), default="full")
+    sett = _series_parser(commands, "settings", "measurement settings side by side, fresh engines", pools=True)
     sett.add_argument(
         "--arm",
         dest="arms",
@@ -1159,17 +1164,15 @@ def main() -> None:
         help="one arm: capacity.* overrides on top of --settings, e.g. 'capacity.min_window_s=40' (at least 2; "
         "an empty string for --settings as they are)",
     )
-    sett.add_argument("--label", default="", help="suffix of the results section (settings_SETTINGS_LABEL)")
-    pla = commands.add_parser("placement", help="vLLM's scheduler beside its worker or apart, and the niceness")
-    pla.add_argument("--engines", type=int, default=5, help="fresh pools, at least 2 (default 5)")
-    pla.add_argument("--settings", choices=("full", "demo"), default="full")
+    pla = _series_parser(
+        commands, "placement", "vLLM's scheduler beside its worker or apart, and the niceness", pools=True
+    )
     pla.add_argument(
         "--arms",
         default="apart/0,beside/15",
         help="WHERE/NICE, comma-separated: vLLM's scheduler apart from or beside its worker, the server's "
         "niceness (default: vLLM's own reserve at normal priority against the tool's placement)",
     )
-    pla.add_argument("--label", default="", help="suffix of the results section (placement_SETTINGS_LABEL)")
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
     commands.add_parser("analyse", help="where each recorded repeatability series' spread lives (no engine)")
     args = parser.parse_args()
