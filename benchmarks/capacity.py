@@ -9,7 +9,7 @@ get the load it is offered?
     .venv/bin/python benchmarks/capacity.py placement       # scheduler apart/beside its worker: ~40 min
     .venv/bin/python benchmarks/capacity.py settings --arm 'capacity.min_window_s=20' \
         --arm 'capacity.min_window_s=40'                    # 20 s against 40 s steps on 5 engines: ~40 min
-    .venv/bin/python benchmarks/capacity.py analyse         # where recorded repeatability spreads live
+    .venv/bin/python benchmarks/capacity.py analyse         # where recorded spreads live; tool/peer pooled
 
 - `repeatability` runs the capacity search of vLLM's defaults (the search's baseline) `--repeats` times,
   a fresh engine each time, with the full measurement settings (`--settings full`: 200 measured requests
@@ -42,7 +42,9 @@ get the load it is offered?
   interpolated crossing (where headroom crosses 1 inside the bracket: the runs without the bracket's
   quantisation), the rank correlation of capacity with the host probe, the reference TPOT and the engine
   start time, and the spread left within back-to-back pairs of runs (as the confirmation pairs configs);
-  and every `engines` series' split and pass table. Written to capacity_repeatability_spread.json.
+  and every `engines` series' split and pass table; and every `fidelity` series' repeats pooled by
+  settings and serving: the geometric-mean ratio tool/peer with its 95% t-interval (is the tool biased
+  against the peer, and is that known within 10%?). Written to capacity_repeatability_spread.json.
 - `fidelity` measures two configs both ways, interleaved: the tool's trial (each serving given by
   `--servings`: vLLM's OpenAI server driven over HTTP by the tool's replay client, the default, and an
   in-process `AsyncLLM` in a Ray actor), and the peer: vLLM's OpenAI server started from the
@@ -325,6 +327,9 @@ def analyse(args: argparse.Namespace) -> None:
                 f"{section} ({payload['engines']} engines x {payload['searches']}): {_engines_line(rows[section])}",
                 flush=True,
             )
+    rows["fidelity_pooled"] = pooled_fidelity(results)
+    for key, row in rows["fidelity_pooled"].items():
+        print(f"fidelity, {_pooled_line(key, row)}", flush=True)
     ANALYSIS.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {ANALYSIS}", flush=True)
 
@@ -895,6 +900,62 @@ def _side_by_side_line(row: dict[str, Any]) -> str:
     )
 
 
+def paired_ratio(log_ratios: list[float]) -> dict[str, Any]:
+    """The geometric-mean ratio tool/peer over paired repeats and its 95% t-interval (scipy's one-sample
+    t-test of the log ratios against 0): does the tool read high or low against the peer, and is that
+    known to within the fidelity goal's 10%? Pairs whose ratios are all equal get a point interval."""
+    from scipy.stats import ttest_1samp
+
+    n = len(log_ratios)
+    if n < 2:
+        return {"pairs": n}
+    mean = statistics.fmean(log_ratios)
+    if statistics.stdev(log_ratios) == 0:
+        low = high = mean
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        test = ttest_1samp(log_ratios, 0.0)
+        interval = test.confidence_interval(0.95)
+        low, high, p = float(interval.low), float(interval.high), float(test.pvalue)
+    return {
+        "pairs": n,
+        "ratio": math.exp(mean),
+        "ci95": [math.exp(low), math.exp(high)],
+        "p": p,
+        "within_10pct": 0.9 <= math.exp(low) and math.exp(high) <= 1.1,
+    }
+
+
+def pooled_fidelity(results: dict[str, Any]) -> dict[str, Any]:
+    """Every recorded fidelity series' repeats, pooled by settings and serving over configs and sections:
+    each repeat's log ratio of the tool's capacity to the peer's (measured minutes apart), then
+    `paired_ratio`. A repeat with a capacity of 0 on either side has no ratio and is left out."""
+    groups: dict[str, list[float]] = {}
+    for section, payload in results.items():
+        if not section.startswith("fidelity"):
+            continue
+        for row in payload["configs"].values():
+            peer = [r["capacity"] for r in row["peer"]]
+            for side, runs in row.items():
+                if not side.startswith("tool:"):
+                    continue
+                key = f"{payload['settings']} settings, {side.removeprefix('tool:')} serving"
+                groups.setdefault(key, []).extend(
+                    math.log(r["capacity"] / p) for r, p in zip(runs, peer, strict=True) if r["capacity"] > 0 < p
+                )
+    return {key: paired_ratio(ratios) for key, ratios in groups.items()}
+
+
+def _pooled_line(key: str, row: dict[str, Any]) -> str:
+    if "ratio" not in row:
+        return f"{key}: {row['pairs']} pair(s), too few for an interval"
+    low, high = row["ci95"]
+    return (
+        f"{key}: tool/peer {row['ratio']:.3f} over {row['pairs']} paired repeats "
+        f"(95% interval {low:.3f}-{high:.3f}, p {row['p']:.2f}; within 10%: {row['within_10pct']})"
+    )
+
+
 def _midpoint(run: dict[str, Any]) -> float:
     return (run["capacity"] * run["hi"]) ** 0.5 if run["hi"] else run["capacity"]
 
@@ -1174,7 +1235,9 @@ def main() -> None:
         "niceness (default: vLLM's own reserve at normal priority against the tool's placement)",
     )
     commands.add_parser("bursty", help="bursty traces offer the load asked for")
-    commands.add_parser("analyse", help="where each recorded repeatability series' spread lives (no engine)")
+    commands.add_parser(
+        "analyse", help="where each recorded series' spread lives; the tool/peer ratio pooled over fidelity (no engine)"
+    )
     args = parser.parse_args()
     if args.command == "engines" and min(args.engines, args.searches) < 2:
         parser.error("engines: --engines and --searches must each be at least 2 (a spread needs two of each)")

@@ -336,6 +336,59 @@ def test_side_by_side_gives_each_sides_spread_and_how_the_pairs_move_together():
     assert "repeatability needs 2 or more" in capacity._side_by_side_line({})
 
 
+def _fidelity_section(settings, **configs):
+    """A recorded fidelity section: per config, each side's capacities by repeat."""
+    return {
+        "settings": settings,
+        "configs": {
+            name: {"params": {}, **{side: [{"capacity": c} for c in caps] for side, caps in sides.items()}}
+            for name, sides in configs.items()
+        },
+    }
+
+
+def test_pooled_fidelity_pairs_each_repeat_within_its_config_and_pools_by_settings_and_serving():
+    """Each repeat's tool capacity over the peer's of the same repeat and config, pooled over configs and
+    sections of the same settings and serving: the geometric-mean ratio with its 95% t-interval."""
+    from scipy.stats import t
+
+    results = {
+        "fidelity_full_a": _fidelity_section("full", one={"tool:openai-server": [10.0, 12.0], "peer": [10.0, 11.0]}),
+        "fidelity_full_b": _fidelity_section("full", two={"tool:openai-server": [11.0, 10.0], "peer": [10.0, 10.0]}),
+        "fidelity_demo": _fidelity_section(
+            "demo",
+            one={"tool:openai-server": [10.0, 0.0], "tool:in-process": [8.0, 8.0], "peer": [10.0, 10.0]},
+        ),
+        "repeatability_full": {"runs": [{"capacity": 1.0}]},
+    }
+    pooled = capacity.pooled_fidelity(results)
+    assert set(pooled) == {
+        "full settings, openai-server serving",
+        "demo settings, openai-server serving",
+        "demo settings, in-process serving",
+    }
+    full = pooled["full settings, openai-server serving"]
+    logs = [0.0, math.log(12 / 11), math.log(1.1), 0.0]
+    half = t.ppf(0.975, 3) * statistics.stdev(logs) / 2
+    assert full["pairs"] == 4 and full["ratio"] == pytest.approx(math.exp(statistics.fmean(logs)))
+    assert full["ci95"] == pytest.approx(
+        [math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)]
+    )
+    assert full["within_10pct"] is False and 0.05 < full["p"] < 1  # 1.05 on average, but 4 pairs cannot say within 10%
+    # A repeat with a capacity of 0 has no ratio: one pair is left, too few for an interval.
+    assert pooled["demo settings, openai-server serving"] == {"pairs": 1}
+    assert "too few" in capacity._pooled_line("demo", {"pairs": 1})
+    # Ratios that all agree: a point interval, outside the 10% goal when the tool reads 20% low.
+    low = pooled["demo settings, in-process serving"]
+    assert low["ratio"] == pytest.approx(0.8) and low["ci95"] == pytest.approx([0.8, 0.8])
+    assert low["within_10pct"] is False and low["p"] == 0.0
+    steady = capacity.paired_ratio([0.01, -0.01, 0.02, -0.02, 0.0, 0.01])
+    assert steady["within_10pct"] is True and steady["ci95"][0] < 1 < steady["ci95"][1]
+    assert "tool/peer 1.002" in capacity._pooled_line("full", steady) and "6 paired repeats" in capacity._pooled_line(
+        "full", steady
+    )
+
+
 @pytest.mark.parametrize(
     "argv", [["--configs", "defaults"], ["--configs", "vllm-defaults,"], ["--servings", "http"], ["--repeats", "0"]]
 )
