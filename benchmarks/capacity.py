@@ -44,7 +44,9 @@ get the load it is offered?
   start time, and the spread left within back-to-back pairs of runs (as the confirmation pairs configs);
   and every `engines` series' split and pass table; and every `fidelity` series' repeats pooled by
   settings and serving: the geometric-mean ratio tool/peer with its 95% t-interval (is the tool biased
-  against the peer, and is that known within 10%?). Written to capacity_repeatability_spread.json.
+  against the peer, and is that known within 10%?) and each side's spread with the ratio of the two and
+  its 95% interval (does the tool repeat worse than the peer?). Written to
+  capacity_repeatability_spread.json.
 - `fidelity` measures two configs both ways, interleaved: the tool's trial (each serving given by
   `--servings`: vLLM's OpenAI server driven over HTTP by the tool's replay client, the default, and an
   in-process `AsyncLLM` in a Ray actor), and the peer: vLLM's OpenAI server started from the
@@ -926,11 +928,45 @@ def paired_ratio(log_ratios: list[float]) -> dict[str, Any]:
     }
 
 
+def spread_ratio(tool: list[list[float]], peer: list[list[float]]) -> dict[str, Any]:
+    """Does the tool spread more than the peer? Each side's SD of log capacity pooled over its series
+    (each series one config's repeats, so the configs' levels do not count as spread) and the ratio
+    tool/peer with its 95% interval from the F distribution of the variance ratio: the check of "the
+    tool's repeatability no worse than the peer's", and how many repeats it would take to settle it."""
+    from scipy.stats import f
+
+    def pooled(series: list[list[float]]) -> tuple[float, int]:
+        kept = [[math.log(v) for v in s if v > 0] for s in series]
+        kept = [s for s in kept if len(s) > 1]
+        df = sum(len(s) - 1 for s in kept)
+        if df == 0:
+            return 0.0, 0
+        return sum((len(s) - 1) * statistics.variance(s) for s in kept) / df, df
+
+    (tool_var, tool_df), (peer_var, peer_df) = pooled(tool), pooled(peer)
+    if not tool_df or not peer_df:
+        return {}
+    spreads = {"tool_sd_log": math.sqrt(tool_var), "peer_sd_log": math.sqrt(peer_var), "df": [tool_df, peer_df]}
+    if spreads["peer_sd_log"] < 0.001:
+        return spreads  # the peer repeats its capacity (to 0.1%): a ratio to that would be a ratio to jitter
+    ratio = tool_var / peer_var
+    return {
+        **spreads,
+        "sd_ratio": math.sqrt(ratio),
+        "sd_ratio_ci95": [
+            math.sqrt(ratio / f.ppf(0.975, tool_df, peer_df)),
+            math.sqrt(ratio / f.ppf(0.025, tool_df, peer_df)),
+        ],
+    }
+
+
 def pooled_fidelity(results: dict[str, Any]) -> dict[str, Any]:
     """Every recorded fidelity series' repeats, pooled by settings and serving over configs and sections:
     each repeat's log ratio of the tool's capacity to the peer's (measured minutes apart), then
-    `paired_ratio`. A repeat with a capacity of 0 on either side has no ratio and is left out."""
+    `paired_ratio`; and each side's spread over its repeats, then `spread_ratio`. A repeat with a
+    capacity of 0 on either side has no ratio and is left out."""
     groups: dict[str, list[float]] = {}
+    series: dict[str, tuple[list[list[float]], list[list[float]]]] = {}
     for section, payload in results.items():
         if not section.startswith("fidelity"):
             continue
@@ -943,7 +979,10 @@ def pooled_fidelity(results: dict[str, Any]) -> dict[str, Any]:
                 groups.setdefault(key, []).extend(
                     math.log(r["capacity"] / p) for r, p in zip(runs, peer, strict=True) if r["capacity"] > 0 < p
                 )
-    return {key: paired_ratio(ratios) for key, ratios in groups.items()}
+                tool_series, peer_series = series.setdefault(key, ([], []))
+                tool_series.append([r["capacity"] for r in runs])
+                peer_series.append(peer)
+    return {key: {**paired_ratio(ratios), **spread_ratio(*series[key])} for key, ratios in groups.items()}
 
 
 def _pooled_line(key: str, row: dict[str, Any]) -> str:
@@ -953,6 +992,20 @@ def _pooled_line(key: str, row: dict[str, Any]) -> str:
     return (
         f"{key}: tool/peer {row['ratio']:.3f} over {row['pairs']} paired repeats "
         f"(95% interval {low:.3f}-{high:.3f}, p {row['p']:.2f}; within 10%: {row['within_10pct']})"
+        + _spread_ratio_line(row)
+    )
+
+
+def _spread_ratio_line(row: dict[str, Any]) -> str:
+    if "tool_sd_log" not in row:
+        return ""
+    line = f"; SD(log) tool {row['tool_sd_log']:.3f}, peer {row['peer_sd_log']:.3f}"
+    if "sd_ratio" not in row:
+        return line + " (no ratio: the peer repeats its capacity)"
+    low, high = row["sd_ratio_ci95"]
+    return line + (
+        f", ratio {row['sd_ratio']:.2f} (95% interval {low:.2f}-{high:.2f}, "
+        f"{row['df'][0]} and {row['df'][1]} degrees of freedom)"
     )
 
 

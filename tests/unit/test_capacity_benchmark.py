@@ -374,6 +374,9 @@ def test_pooled_fidelity_pairs_each_repeat_within_its_config_and_pools_by_settin
     assert full["ci95"] == pytest.approx(
         [math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)]
     )
+    assert full["df"] == [2, 2] and full["sd_ratio"] == pytest.approx(
+        capacity.spread_ratio([[10.0, 12.0], [11.0, 10.0]], [[10.0, 11.0], [10.0, 10.0]])["sd_ratio"]
+    )
     assert full["within_10pct"] is False and 0.05 < full["p"] < 1  # 1.05 on average, but 4 pairs cannot say within 10%
     # A repeat with a capacity of 0 has no ratio: one pair is left, too few for an interval.
     assert pooled["demo settings, openai-server serving"] == {"pairs": 1}
@@ -387,6 +390,33 @@ def test_pooled_fidelity_pairs_each_repeat_within_its_config_and_pools_by_settin
     assert "tool/peer 1.002" in capacity._pooled_line("full", steady) and "6 paired repeats" in capacity._pooled_line(
         "full", steady
     )
+
+
+def test_spread_ratio_pools_each_sides_spread_within_its_series_and_bounds_the_ratio():
+    """Each side's SD of log capacity pooled within its series (two configs at different levels are not
+    spread), the ratio tool/peer and its 95% interval from the F distribution."""
+    from scipy.stats import f
+
+    tool, peer = [[10.0, 11.0, 12.0], [20.0, 22.0]], [[10.0, 10.5, 11.0], [20.0, 21.0]]
+
+    def pooled_variance(series):
+        logs = [[math.log(v) for v in s] for s in series]
+        return sum((len(s) - 1) * statistics.variance(s) for s in logs) / sum(len(s) - 1 for s in logs)
+
+    row = capacity.spread_ratio(tool, peer)
+    assert row["df"] == [3, 3] and row["tool_sd_log"] < 0.1  # the levels 10 and 20 are not spread
+    assert row["tool_sd_log"] == pytest.approx(math.sqrt(pooled_variance(tool)))
+    ratio = pooled_variance(tool) / pooled_variance(peer)
+    assert row["sd_ratio"] == pytest.approx(math.sqrt(ratio)) and row["sd_ratio"] > 1
+    assert row["sd_ratio_ci95"] == pytest.approx(
+        [math.sqrt(ratio / f.ppf(0.975, 3, 3)), math.sqrt(ratio / f.ppf(0.025, 3, 3))]
+    )
+    assert row["sd_ratio_ci95"][0] < 1 < row["sd_ratio_ci95"][1]  # 3 degrees of freedom cannot tell
+    assert "ratio 1.9" in capacity._spread_ratio_line(row) and "3 and 3 degrees" in capacity._spread_ratio_line(row)
+    exact = capacity.spread_ratio(tool, [[10.0, 10.0, 10.0], [20.0, 20.0]])
+    assert "sd_ratio" not in exact and exact["peer_sd_log"] == 0.0
+    assert "no ratio" in capacity._spread_ratio_line(exact)
+    assert capacity.spread_ratio([[10.0]], [[10.0]]) == {} and capacity._spread_ratio_line({}) == ""
 
 
 @pytest.mark.parametrize(
