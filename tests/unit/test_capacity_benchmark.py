@@ -419,6 +419,25 @@ def test_spread_ratio_pools_each_sides_spread_within_its_series_and_bounds_the_r
     assert capacity.spread_ratio([[10.0]], [[10.0]]) == {} and capacity._spread_ratio_line({}) == ""
 
 
+def test_bootstrap_sd_ratio_resamples_each_repeat_as_a_pair_within_its_series():
+    """The resampled interval of the SD ratio: repeats drawn within each series (two configs' levels are
+    not spread), each repeat's tool and peer capacity together (identical sides give exactly 1)."""
+    tool = [[10.0, 10.4, 9.6, 10.2, 9.8, 10.6], [20.0, 20.8, 19.2, 20.4, 19.6, 21.2]]
+    peer = [[10.0, 10.2, 9.8, 10.1, 9.9, 10.3], [20.0, 20.4, 19.6, 20.2, 19.8, 20.6]]
+    row = capacity.spread_ratio(tool, peer)
+    low, high = row["sd_ratio_bootstrap_ci95"]
+    # the tool spreads twice as much within each series; pooled flat, the levels 10 and 20 would swamp that
+    assert 1.5 < low <= row["sd_ratio"] <= high < 3 and row["sd_ratio"] == pytest.approx(2.0, rel=0.05)
+    assert "resampling the repeats 1." in capacity._spread_ratio_line(row)
+    assert capacity.bootstrap_sd_ratio(tool, tool) == [1.0, 1.0]  # pairs kept: both sides drawn alike
+    assert capacity.bootstrap_sd_ratio(tool, peer) == capacity.bootstrap_sd_ratio(tool, peer)  # seeded
+    # a peer that repeats exactly in a resample makes that ratio unbounded, not an error
+    steady = capacity.bootstrap_sd_ratio([[10.0, 11.0, 12.0]], [[10.0, 10.0, 10.5]])
+    assert steady is not None and steady[1] == math.inf
+    assert capacity.bootstrap_sd_ratio([[10.0, 10.0]], [[10.0, 10.0]]) is None  # no spread anywhere
+    assert capacity.bootstrap_sd_ratio([[10.0]], [[11.0]]) is None  # no series with 2 repeats
+
+
 @pytest.mark.parametrize(
     "argv", [["--configs", "defaults"], ["--configs", "vllm-defaults,"], ["--servings", "http"], ["--repeats", "0"]]
 )
