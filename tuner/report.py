@@ -359,8 +359,9 @@ def _step_rate(step: Mapping[str, float]) -> float:
 
 
 def capacity_cell(trial: TrialRow) -> str:
-    """A capacity for a table: '13.2 (fails at 14.1)', '≥ 85' when censored, '-' for no capacity."""
-    if trial.status == TrialStatus.INFEASIBLE:
+    """A capacity for a table: '13.2 (fails at 14.1)', '≥ 85' when censored, '-' for no capacity (an
+    infeasible trial, or one ended before its first load step reported)."""
+    if trial.status == TrialStatus.INFEASIBLE or "capacity_rps_per_accel" not in trial.metrics:
         return "-"
     if trial.metrics.get("capacity_censored"):
         return f"≥ {_fmt(trial.capacity)}"

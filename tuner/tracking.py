@@ -446,9 +446,12 @@ class TrialTracker:
 
 def capacity_text(metrics: dict[str, float], status: TrialStatus | str) -> str:
     """A trial's capacity as people should read it: 'capacity 13.2 rps/accel (bracket 12.6-14.1)',
-    'capacity >= 15.9 rps/accel (censored)', or 'no capacity' for an infeasible trial."""
+    'capacity >= 15.9 rps/accel (censored)', or 'no capacity' for an infeasible trial or one ended before
+    its first load step reported (an engine still starting when the budget ran out)."""
     if TrialStatus(status) == TrialStatus.INFEASIBLE:
         return "no capacity (infeasible)"
+    if "capacity_rps_per_accel" not in metrics:
+        return "no capacity (no load step finished)"
     capacity = metrics.get("capacity_rps_per_accel", 0.0)
     if metrics.get("capacity_censored"):
         return f"capacity >= {capacity:.3g} rps/accel (censored: no step failed)"
