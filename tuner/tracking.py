@@ -452,7 +452,7 @@ def capacity_text(metrics: dict[str, float], status: TrialStatus | str) -> str:
         return "no capacity (infeasible)"
     if "capacity_rps_per_accel" not in metrics:
         return "no capacity (no load step finished)"
-    capacity = metrics.get("capacity_rps_per_accel", 0.0)
+    capacity = metrics["capacity_rps_per_accel"]
     if metrics.get("capacity_censored"):
         return f"capacity >= {capacity:.3g} rps/accel (censored: no step failed)"
     hi = metrics.get("capacity_hi_rps_per_accel")

@@ -245,6 +245,8 @@ def test_default_out_dir_is_file_safe() -> None:
 def test_capacity_text_says_what_was_measured_and_never_calls_an_unmeasured_trial_a_failure():
     """A trial the budget ended while its engine was still starting reported no step: it has no capacity,
     not 'failed the SLO at every load tried' (the progress line of a demo run said that of such a trial)."""
+    from tuner.recorded import TrialRow
+    from tuner.report import capacity_cell
     from tuner.tracking import capacity_text
 
     assert capacity_text({}, "early_stopped") == "no capacity (no load step finished)"
@@ -258,9 +260,6 @@ def test_capacity_text_says_what_was_measured_and_never_calls_an_unmeasured_tria
     assert capacity_text(censored, "completed") == "capacity >= 15.9 rps/accel (censored: no step failed)"
     bracket = {"capacity_rps_per_accel": 12.64, "capacity_hi_rps_per_accel": 15.03, "capacity_censored": 0.0}
     assert capacity_text(bracket, "early_stopped") == "capacity 12.6 rps/accel (bracket 12.6-15)"
-    from tuner.recorded import TrialRow
-    from tuner.report import capacity_cell
-
     assert capacity_cell(TrialRow("t", "r", "early_stopped")) == "-"
     assert capacity_cell(TrialRow("t", "r", "completed", metrics=failed)) == "0 (fails at 2.65)"
     assert capacity_cell(TrialRow("t", "r", "early_stopped", metrics=bracket)).startswith("12.6 (fails at 15")
