@@ -208,6 +208,7 @@ class ConfirmReserve:
         self.progress = progress
         self.timings: dict[str, TrialTiming] = {}
         self.ended: str | None = None  # why the search was ended, once it was
+        self.closed: str | None = None  # why no new trial is started, once none is
 
     def adopt(self, rows: Sequence[TrialRow]) -> None:
         """Take the trials a resumed search recorded before it stopped (Ray Tune does not report them again)."""
@@ -284,6 +285,41 @@ class ConfirmReserve:
         )
         self.progress(self.ended)
         return True
+
+    def first_step_s(self) -> float | None:
+        """Seconds from a trial's start to its first load step, as the trials so far measured them: its
+        engine start and first step (warm-up included), and `teardown_s` for the pool before it to go and its
+        own actor to start. None before any trial reported a step."""
+        firsts = [t.start_s + t.walls[0] for t in self.timings.values() if t.walls]
+        if not firsts:
+            return None
+        return self.teardown_s + sum(firsts) / len(firsts)
+
+    def room_for_a_trial(self, now: float | None = None) -> bool:
+        """Whether a trial started now could report a load step before the search must end (`stop_at`);
+        when it could not, says so (once) and stays closed: such a trial would only be ended while its
+        engine starts, and the confirmation would wait for it. Before any trial has reported a step there
+        is nothing to judge by, so there is room."""
+        if self.closed is not None or self.ended is not None:
+            return False
+        need = self.first_step_s()
+        if need is None:
+            return True
+        now = time.monotonic() if now is None else now
+        left = self.stop_at() - now
+        if left >= need:
+            return True
+        until = (
+            f"the search ends for the confirmation's reserve ({self.reserve_s() / 60:.1f} min held back)"
+            if self._found() and self.static.measurements
+            else "the time budget ends"
+        )
+        self.closed = (
+            f"no new trial: one would report its first load step about {need:.0f}s after it starts (as the "
+            f"trials so far measured), and {until} in {max(left, 0.0):.0f}s"
+        )
+        self.progress(self.closed)
+        return False
 
     def stop_at(self) -> float:
         """When (time.monotonic()) the search should end, as the trials reported so far say: when the time left

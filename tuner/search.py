@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.stopper import Stopper
 
 from tuner import __version__
@@ -872,7 +873,10 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=searcher,
+            # null (no limit): as many as the samples, which is no limit
+            search_alg=ReserveGate(
+                searcher, max_concurrent=config.budget.max_concurrent_trials or config.budget.num_samples
+            ),
             scheduler=scheduler,
             num_samples=config.budget.num_samples,
             # Without a confirmation the trials get what the budget leaves after the start-up so far; with
@@ -882,7 +886,7 @@ def _new_tuner(prepared: PreparedSearch, trainable, tracker: TrialTracker, tune_
                 if config.budget.time_budget_s and not _holds_reserve(prepared)
                 else None
             ),
-            max_concurrent_trials=config.budget.max_concurrent_trials,
+            max_concurrent_trials=None,  # ReserveGate limits it
             reuse_actors=False,
         ),
         run_config=tune.RunConfig(
@@ -914,6 +918,25 @@ class ReserveStopper(Stopper):
     def stop_all(self) -> bool:
         reserve = active_reserve()
         return reserve is not None and reserve.should_stop()
+
+
+class ReserveGate(ConcurrencyLimiter):
+    """Ray Tune's concurrency limit, and no new trial once one could not report a load step before the search
+    must end (tuner.confirm.ConfirmReserve.room_for_a_trial): the searcher is finished instead, so the
+    trials running end as they would and the confirmation starts when the last of them has.
+
+    Without it the embedded demo started a trial 30 s before the reserve's line, ended it while its engine
+    was still starting and had the confirmation wait for its teardown (2026-12-05, twice in two runs).
+    Pickled with the search, so it finds the reserve of the search running in this process at call time.
+    """
+
+    def suggest(self, trial_id: str) -> dict | None:
+        if self._limit_concurrency and len(self.live_trials) >= self.max_concurrent:
+            return None  # a trial is running that might still change the reserve: wait, do not judge yet
+        reserve = active_reserve()
+        if reserve is not None and not reserve.room_for_a_trial():
+            return Searcher.FINISHED  # type: ignore[return-value]  # Ray Tune's sentinel, typed as a dict there
+        return super().suggest(trial_id)
 
 
 def startup_trials(num_samples: int) -> int:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import pickle
+import time
 
 import pytest
+from ray.tune.search import Searcher
 
 from tuner.confirm import (
     RESERVE_MARGIN,
@@ -16,7 +18,7 @@ from tuner.confirm import (
     remeasurement_s,
     set_active_reserve,
 )
-from tuner.search import ReserveStopper
+from tuner.search import ReserveGate, ReserveStopper
 
 BASELINE = {"max_num_seqs": 256, "num_replicas": 1}
 
@@ -230,3 +232,70 @@ def test_with_no_confirmation_planned_the_stopper_still_ends_the_search_at_the_b
     reserve.observe("t2", _step(15.0, 7.0))
     assert reserve.reserve_s() == 0.0 and not reserve.should_stop(now=99.0)
     assert reserve.should_stop(now=100.0) and lines == ["search ended: the time budget is spent"]
+
+
+def test_no_trial_is_started_that_could_not_report_a_load_step_before_the_search_must_end():
+    lines: list[str] = []
+    reserve = _reserve(1000.0, lines)
+    assert reserve.first_step_s() is None and reserve.room_for_a_trial(now=999.0), "no step yet: nothing to go by"
+    reserve.observe("t1", _step(20.0, 5.0, start=30.0, params=BASELINE))
+    reserve.observe("t1", _step(12.0, 5.0, start=30.0, params=BASELINE))  # later steps: not a first step
+    reserve.observe("t2", _step(20.0, 0.0, start=40.0, done=False))  # running, one step in: its first step counts
+    assert reserve.first_step_s() == pytest.approx(5.0 + (50.0 + 60.0) / 2), "teardown, engine start, first step"
+    # No finalist yet (t2 passed nothing): the search may run to the deadline.
+    assert reserve.room_for_a_trial(now=1000.0 - 60.0)
+    assert not lines and reserve.closed is None
+    assert not reserve.room_for_a_trial(now=1000.0 - 59.0)
+    assert lines == [
+        "no new trial: one would report its first load step about 60s after it starts (as the trials so far "
+        "measured), and the time budget ends in 59s"
+    ]
+    assert not reserve.room_for_a_trial(now=0.0) and len(lines) == 1, "closed once, said once"
+    assert not reserve.should_stop(now=1000.0 - 59.0), "a trial still running is not ended by it"
+
+    # With a finalist, the line is the reserve's.
+    lines.clear()
+    held = _reserve(1000.0, lines)
+    held.observe("t1", _step(20.0, 5.0, start=30.0, params=BASELINE))
+    held.observe("t2", _step(20.0, 6.0, start=30.0))
+    stop_at = held.stop_at()
+    assert stop_at < 1000.0 - 55.0
+    assert held.room_for_a_trial(now=stop_at - 55.0) and not held.room_for_a_trial(now=stop_at - 54.0)
+    assert "the search ends for the confirmation's reserve" in lines[0] and lines[0].endswith("in 54s")
+
+
+class _Counting(Searcher):
+    """A searcher that suggests {"n": 1}, {"n": 2}, ... and counts how often it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__(metric="capacity_rps_per_accel", mode="max")
+        self.asked = 0
+
+    def suggest(self, trial_id: str) -> dict | None:
+        self.asked += 1
+        return {"n": self.asked}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass
+
+
+def test_the_gate_finishes_the_searcher_when_no_trial_fits_and_keeps_the_concurrency_limit():
+    gate = pickle.loads(pickle.dumps(ReserveGate(_Counting(), max_concurrent=1)))
+    inner = gate.searcher
+    assert gate.suggest("a") == {"n": 1}, "no search running in this process: no reserve, no gate"
+    lines: list[str] = []
+    reserve = _reserve(1000.0, lines)
+    reserve.observe("a", _step(20.0, 5.0, start=30.0, params=BASELINE))  # a trial's first step takes 55 s
+    set_active_reserve(reserve)
+    try:
+        # Trial a is running: no suggestion, and no judgement yet (a may still change the reserve).
+        assert gate.suggest("b") is None and inner.asked == 1 and reserve.closed is None
+        gate.on_trial_complete("a", result={})
+        reserve.deadline = time.monotonic() + 1000.0
+        assert gate.suggest("b") == {"n": 2}, "time for a first step: a new trial"
+        gate.on_trial_complete("b", result={})
+        reserve.deadline = time.monotonic() + 50.0  # less than a first step takes
+        assert gate.suggest("c") == Searcher.FINISHED and inner.asked == 2, "the searcher is not even asked"
+        assert reserve.closed is not None and lines == [reserve.closed]
+    finally:
+        set_active_reserve(None)
