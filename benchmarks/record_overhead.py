@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.processes import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 CHUNKS = 16
 LATENCY_REQUESTS = 1000
@@ -88,12 +90,6 @@ def _serve_stub(port: int) -> None:
 
 
 # --- processes -----------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_port(port: int, timeout_s: float = 30) -> None:
@@ -231,7 +227,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     stub_process = subprocess.Popen([sys.executable, __file__, "_stub", str(port)], cwd=ROOT)
     try:
         _wait_port(port)

@@ -20,7 +20,6 @@ import fcntl
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 from trainables.protocol import Finished, FirstToken, GenerateRequest, StreamItem
 from tuner.errors import EngineDied, EngineError
+from tuner.processes import free_port
 from tuner.tiny_model import engine_defaults
 from tuner.vllm_args import serve_argv
 
@@ -359,7 +359,7 @@ class VllmServer:
             cores, self._core_locks = claim_cores(self._spec.cpu_cores)
             env.update(engine_cpu_env(cores))
             self.info["cores"] = cores
-        port = _free_port()
+        port = free_port()
         argv = server_command(self._spec.args, port)
         self._log_path = Path(tempfile.mkstemp(prefix="vllm-tuner-server-", suffix=".log")[1])
         with open(self._log_path, "w") as log:  # the guard leads the group and outlives nothing of it
@@ -557,12 +557,6 @@ def _group_alive(group: int, leader: subprocess.Popen) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ray_node_id() -> str | None:

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import StackError
+from tuner.processes import free_port as free_port  # the servers' ports; re-exported for validate and benchmarks
 from tuner.records import RequestRecord
 from tuner.sampling import StepSample
 from tuner.workload.records import PREFIX_BLOCK_TOKENS
@@ -39,12 +39,6 @@ def engine_cores(count: int) -> list[int]:
 
 
 _BLOCK_CHUNKS = PREFIX_BLOCK_TOKENS // CHUNK
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

@@ -12,11 +12,51 @@ wait, so nothing of ours is left when the command returns. Linux's /proc; elsewh
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import time
 from collections.abc import Callable
 
 OWNER_VAR = "VLLM_TUNER_OWNER"
+
+# Ports for the servers we start (vLLM's, Ray Serve's HTTP proxy). A port the kernel hands out (bind to port
+# 0) lies in its ephemeral range, which every outgoing connection also draws from: Ray starting between our
+# pick and the server's bind opened enough connections to take it once ("Failed to bind to address
+# '127.0.0.1:37667'", CI, 2026-12-06). So the pick lies below that range and above Ray's worker ports
+# (10002-19999 by default); the kernel never gives such a port to a connection, only an explicit bind takes it.
+SERVER_PORTS_FROM = 20000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default range, used when the file cannot be read
+_PICK = random.SystemRandom()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (and for binds to port 0)."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as text:
+            low, high = (int(part) for part in text.read().split())
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1", *, tries: int = 200) -> int:
+    """A port free on `host` now, outside the kernel's ephemeral range (see SERVER_PORTS_FROM); when none of
+    `tries` such ports is free (or the range leaves none), a port the kernel picks."""
+    low, high = ephemeral_range()
+    candidates = [*range(SERVER_PORTS_FROM, min(low, 65536)), *range(max(high + 1, SERVER_PORTS_FROM), 65536)]
+    # The system's randomness: a trial or test that seeds `random` must not make two servers pick alike.
+    for port in _PICK.sample(candidates, min(tries, len(candidates))):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def is_zombie(pid: int) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,11 @@ import yaml
 from click.testing import CliRunner
 from unit.test_export import build_store, trial
 
+from tuner.processes import free_port
+
 pytestmark = pytest.mark.integration
 
 START_TIMEOUT_S = 420
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(url: str, timeout: float = 5.0) -> int:
@@ -97,7 +92,7 @@ def test_exported_vllm_serve_yaml_serves_a_completion_on_cpu(tmp_path: Path) -> 
     assert config["model"] == model and config["host"] == "127.0.0.1"
     assert config["kv-cache-memory-bytes"] == 32 * 2**20 and config["no-enable-prefix-caching"] is True
 
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "server.log"
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
     with open(log_path, "w") as log:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
 
-from tuner.processes import OWNER_VAR, owned_processes, wait_for_owned
+from tuner import processes
+from tuner.processes import OWNER_VAR, SERVER_PORTS_FROM, ephemeral_range, free_port, owned_processes, wait_for_owned
 
 
 def _marked(owner: int, seconds: float) -> subprocess.Popen:
@@ -45,3 +48,39 @@ def test_what_outlives_the_wait_is_killed_and_named():
         assert lines[-1] == "killed 1 process(es) of this search still running 0.5s after Ray shut down"
     finally:
         stuck.kill()
+
+
+def test_a_server_port_lies_outside_the_range_connections_draw_from_and_is_free():
+    low, high = ephemeral_range()
+    assert low <= high  # the kernel's file was read (or Linux's default)
+    for _ in range(50):
+        port = free_port()
+        assert SERVER_PORTS_FROM <= port < low or port > high, port  # no outgoing connection can take it
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # and it is free
+
+
+def test_a_port_in_use_is_passed_over(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(processes, "ephemeral_range", lambda: (busy + 2, 65535))
+        monkeypatch.setattr(processes, "SERVER_PORTS_FROM", busy)  # two candidates: the busy port and busy + 1
+        picks = {free_port() for _ in range(20)}
+    assert picks == {busy + 1}
+
+
+def test_seeding_random_does_not_make_two_servers_pick_alike():
+    pairs = []
+    for _ in range(3):
+        random.seed(7)
+        first = free_port()
+        random.seed(7)
+        pairs.append(first == free_port())
+    assert not all(pairs)  # seeded alike, picked alike three times: the pick would follow `random`
+
+
+def test_without_a_readable_range_linux_default_is_assumed(monkeypatch):
+    monkeypatch.setattr(processes, "EPHEMERAL_RANGE_FILE", "/nonexistent/ip_local_port_range")
+    assert ephemeral_range() == (32768, 60999)
