@@ -21,6 +21,7 @@ from trainables.vllm_engine import EngineSpec, set_process_affinity
 from tuner import capacity
 from tuner.capacity import CapacityPlan, Phase
 from tuner.errors import EngineError
+from tuner.kv_memory import kv_shortfall
 from tuner.metrics import StepSummary, observations, summarize_step, trial_metrics
 from tuner.records import PlannedRequest, RequestRecord
 from tuner.sampling import StepSample, plan_step
@@ -149,8 +150,15 @@ class TrialRunner:
         return None if limit is None else limit - (time.perf_counter() - self._began)
 
     def start(self) -> None:
-        """Start the pool; a failure is kept as the trial's infeasibility reason, never raised."""
+        """Start the pool; a failure is kept as the trial's infeasibility reason, never raised. A candidate
+        whose KV cache cannot hold one request of max_model_len is not started (tuner.kv_memory)."""
         began = self._began = time.perf_counter()
+        if self.spec.on_cpu:
+            args = self.spec.args
+            self.failure = kv_shortfall(args.get("model"), args)
+            if self.failure is not None:
+                self.failure += self._kv_size_origin()
+                return
         try:
             starting = self._pool_factory(self.spec, self.num_replicas, self.health)
             self.pool = self._loop.run_until_complete(asyncio.wait_for(starting, self._remaining_s()))
@@ -165,6 +173,14 @@ class TrialRunner:
         self.start_s = time.perf_counter() - began
         if self.pool is not None:
             self._affinity = keep_client_off_engine_cores(self.pool.info)
+
+    def _kv_size_origin(self) -> str:
+        """Where the KV cache's size came from, when the candidate's gpu_memory_utilization set it."""
+        fraction = self.params.get("gpu_memory_utilization")
+        if fraction is None or "kv_cache_memory_bytes" in {**self.context.engine_defaults, **self.params}:
+            return ""
+        budget_mib = self.context.kv_budget_bytes / (1 << 20)
+        return f" (gpu_memory_utilization {float(fraction):g} x hardware.kv_budget_mib {budget_mib:g})"
 
     def next_step(self) -> dict[str, Any]:
         """Run the next load step; the result carries `done` when the trial has nothing left to do."""

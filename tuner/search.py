@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 import warnings
@@ -211,7 +212,45 @@ def _check_budget(prepared: PreparedSearch) -> None:
 def setup_warnings(prepared: PreparedSearch) -> list[str]:
     """What the dry run and the search's start warn about: settings that run but will not measure what the
     user likely wants."""
-    return [line for line in (dtype_warning(prepared),) if line]
+    return [line for line in (dtype_warning(prepared), kv_warning(prepared)) if line]
+
+
+def kv_warning(prepared: PreparedSearch) -> str | None:
+    """A warning when the space's gpu_memory_utilization reaches below the fraction of the KV budget that
+    holds one request of max_model_len on CPU (tuner.kv_memory): those candidates are infeasible."""
+    from tuner.kv_memory import kv_bytes_per_token, min_memory_fraction
+    from tuner.space import CategoricalParam, FloatParam, IntParam
+    from tuner.tiny_model import engine_defaults
+
+    config = prepared.config
+    args = {
+        **engine_defaults(prepared.model_path, prepared.on_cpu),
+        "max_model_len": config.model.max_model_len,
+        **config.model.engine_args,
+        **prepared.space.fixed,
+    }
+    spec = prepared.space.parameters.get("gpu_memory_utilization")
+    if not prepared.on_cpu or "kv_cache_memory_bytes" in args or spec is None:
+        return None
+    if isinstance(spec, FloatParam | IntParam):
+        low = float(spec.low)
+    elif isinstance(spec, CategoricalParam):
+        low = min(float(choice) for choice in spec.choices)
+    else:
+        low = float(spec)
+    budget = int(config.hardware.kv_budget_mib * (1 << 20))
+    line = min_memory_fraction(prepared.model_path, args, budget)
+    per_token = kv_bytes_per_token(prepared.model_path, args)
+    if line is None or per_token is None or low >= line:
+        return None
+    return (
+        f"warning: space: gpu_memory_utilization from {low:g} reaches below {line:.3g}, where the KV cache "
+        f"(the fraction x hardware.kv_budget_mib {config.hardware.kv_budget_mib:g}) is less than vLLM needs for "
+        f"one request of max_model_len {args['max_model_len']} ({line * budget / (1 << 20):.3g} MiB at "
+        f"{per_token / 1024:.3g} KiB per token): such candidates are "
+        f"recorded infeasible without starting an engine; a low of {math.ceil(line * 100) / 100:g} or more "
+        "spends no trial on them"
+    )
 
 
 def search_trials_in_budget(prepared: PreparedSearch) -> int | None:

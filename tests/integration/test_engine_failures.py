@@ -13,6 +13,7 @@ from helpers import ENGINE_PATTERN, leftover_processes
 
 from trainables.vllm_engine import EngineSpec, VllmEngine, VllmServer, vllm_defaults
 from tuner.errors import EngineError
+from tuner.kv_memory import kv_shortfall, min_memory_fraction
 from tuner.tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -51,6 +52,38 @@ def test_kv_cache_too_small_for_max_model_len_names_vllm_reason(serving):
     assert "KV cache" in message or "cache" in message.lower(), message
     assert "see root cause above" not in message.lower()
     assert "\n" not in message
+    assert leftover_processes(pattern=ENGINE_PATTERN) == []
+
+
+def test_the_kv_pre_check_draws_vllms_own_line():
+    """tuner.kv_memory turns away a candidate only where vLLM would: one byte under its line vLLM refuses
+    the tiny model (2048 tokens in 17 blocks of 128, one held back, at 8 KiB per token in float32) for want
+    of KV cache; at the line it starts."""
+    model = str(ensure_tiny_model())
+    as_run = EngineSpec(engine_args={"model": model, "max_model_len": 2048}).args  # float32, as the tool runs it
+    line = int(min_memory_fraction(model, as_run, 1 << 20) or 0) << 20
+    assert line == 17 << 20
+    below = {"max_model_len": 2048, "kv_cache_memory_bytes": line - 1}
+    assert kv_shortfall(model, {**as_run, **below}) is not None
+    assert "max seq len" in _start("openai-server", **below)
+    at_line = EngineSpec(
+        engine_args={
+            "model": model,
+            "skip_tokenizer_init": True,
+            "enforce_eager": True,
+            "distributed_executor_backend": "uni",
+            "max_model_len": 2048,
+            "kv_cache_memory_bytes": line,
+        }
+    )
+    assert kv_shortfall(model, at_line.args) is None
+    engine = VllmServer(at_line)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(engine.start())  # raises EngineError if vLLM refused it
+    finally:
+        loop.run_until_complete(engine.shutdown())
+        loop.close()
     assert leftover_processes(pattern=ENGINE_PATTERN) == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import math
 
@@ -187,6 +188,31 @@ def test_an_engine_that_will_not_start_is_an_infeasible_trial_with_finite_penalt
     assert "KV cache too small" in result["status_reason"]
     for key in ("capacity_rps_per_accel", "ref_ttft_p95_s", "slo_headroom", "load_step"):
         assert math.isfinite(result[key])
+
+
+def test_a_kv_cache_below_one_request_is_infeasible_without_starting_an_engine(tmp_path):
+    (tmp_path / "config.json").write_text(  # the tiny model's shape: 8 KiB of KV per token in float32
+        '{"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 64}'
+    )
+    context = _context(
+        model=str(tmp_path), kv_budget_bytes=64 << 20, engine_defaults={"max_model_len": 2048, "dtype": "float32"}
+    )
+    started = []
+
+    async def recording(spec, replicas, health):
+        started.append(spec.engine_args.get("kv_cache_memory_bytes"))
+        raise EngineError("vLLM engine failed to start: ValueError: To serve at least one request ...")
+
+    (result,) = _run_all(TrialRunner(context, {"gpu_memory_utilization": 0.2, "num_replicas": 2}, recording))
+    assert started == [], "no engine is started for a config vLLM would refuse"
+    assert result[STATUS_TAG] == "infeasible" and result["done"]
+    reason = result[STATUS_REASON_TAG]
+    assert "fewer than vLLM needs for one request of max_model_len 2048" in reason
+    assert reason.endswith("(gpu_memory_utilization 0.2 x hardware.kv_budget_mib 64)")
+    _run_all(TrialRunner(context, {"gpu_memory_utilization": 0.28}, recording))
+    assert started == [int(0.28 * (64 << 20))], "a cache that holds one request is left to vLLM"
+    _run_all(TrialRunner(dataclasses.replace(context, on_cpu=False), {"gpu_memory_utilization": 0.2}, recording))
+    assert len(started) == 2, "on a GPU the fraction is vLLM's own, not a KV size the tool set"
 
 
 # What a trial's result carries besides metrics: its status and why, whether it is done, the capacity
