@@ -27,7 +27,8 @@ OWNER_VAR = "VLLM_TUNER_OWNER"
 # (10002-19999 by default); the kernel never gives such a port to a connection, only an explicit bind takes it.
 SERVER_PORTS_FROM = 20000
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default range, used when the file cannot be read
+# When the file cannot be read: from Linux's default low to the top (other systems reach 65535).
+EPHEMERAL_DEFAULT = (32768, 65535)
 _PICK = random.SystemRandom()
 
 

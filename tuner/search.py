@@ -215,6 +215,12 @@ def setup_warnings(prepared: PreparedSearch) -> list[str]:
     return [line for line in (dtype_warning(prepared), kv_warning(prepared)) if line]
 
 
+# Engine arguments that move the KV line when searched: the dry run cannot name one line for the space.
+KV_SHAPING_PARAMS = frozenset(
+    {"max_model_len", "block_size", "dtype", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size"}
+)
+
+
 def kv_warning(prepared: PreparedSearch) -> str | None:
     """A warning when the space's gpu_memory_utilization reaches below the fraction of the KV budget that
     holds one request of max_model_len on CPU (tuner.kv_memory): those candidates are infeasible."""
@@ -230,14 +236,22 @@ def kv_warning(prepared: PreparedSearch) -> str | None:
         **prepared.space.fixed,
     }
     spec = prepared.space.parameters.get("gpu_memory_utilization")
-    if not prepared.on_cpu or "kv_cache_memory_bytes" in args or spec is None:
+    searched = set(prepared.space.tunable)
+    if not prepared.on_cpu or spec is None or "kv_cache_memory_bytes" in {*args, *searched}:
+        return None
+    if searched & KV_SHAPING_PARAMS:  # the line moves from trial to trial: each trial checks its own
         return None
     if isinstance(spec, FloatParam | IntParam):
         low = float(spec.low)
     elif isinstance(spec, CategoricalParam):
-        low = min(float(choice) for choice in spec.choices)
-    else:
+        numbers = [c for c in spec.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+        if not numbers:
+            return None
+        low = float(min(numbers))
+    elif isinstance(spec, int | float) and not isinstance(spec, bool):
         low = float(spec)
+    else:
+        return None
     budget = int(config.hardware.kv_budget_mib * (1 << 20))
     line = min_memory_fraction(prepared.model_path, args, budget)
     per_token = kv_bytes_per_token(prepared.model_path, args)
@@ -248,7 +262,7 @@ def kv_warning(prepared: PreparedSearch) -> str | None:
         f"(the fraction x hardware.kv_budget_mib {config.hardware.kv_budget_mib:g}) is less than vLLM needs for "
         f"one request of max_model_len {args['max_model_len']} ({line * budget / (1 << 20):.3g} MiB at "
         f"{per_token / 1024:.3g} KiB per token): such candidates are "
-        f"recorded infeasible without starting an engine; a low of {math.ceil(line * 100) / 100:g} or more "
+        f"recorded infeasible without starting an engine; a low of {math.ceil(round(line * 100, 6)) / 100:g} or more "
         "spends no trial on them"
     )
 

@@ -165,17 +165,27 @@ def test_a_space_reaching_below_one_request_of_kv_cache_is_warned_about(tmp_path
 
     space = (SPACES_DIR / "cpu-smoke.yaml").read_text()
     assert "gpu_memory_utilization: {type: float, low: 0.3," in space
-    assert setup_warnings(prepare(load_config())) == [], "the demo's space spends no trial on a refused start"
+    cpu = {"hardware.device": "cpu"}
+    assert setup_warnings(prepare(load_config(overrides=cpu))) == [], (
+        "the demo's space spends no trial on a refused start"
+    )
     low = tmp_path / "low.yaml"
     low.write_text(space.replace("low: 0.3,", "low: 0.2,"))
-    (warned,) = setup_warnings(prepare(load_config(overrides={"space": str(low)})))
+    (warned,) = setup_warnings(prepare(load_config(overrides={**cpu, "space": str(low)})))
     assert warned.startswith("warning: space: gpu_memory_utilization from 0.2 reaches below 0.266, where the KV")
     assert "kv_budget_mib 64" in warned and "max_model_len 2048 (17 MiB at 8 KiB per token)" in warned
     assert warned.endswith("a low of 0.27 or more spends no trial on them")
-    roomy = load_config(overrides={"space": str(low), "hardware.kv_budget_mib": 96})
+    roomy = load_config(overrides={**cpu, "space": str(low), "hardware.kv_budget_mib": 96})
     assert setup_warnings(prepare(roomy)) == [], "0.2 x 96 MiB holds one request and vLLM's reserved block"
-    short = load_config(overrides={"space": str(low), "model.max_model_len": 1024})
+    short = load_config(overrides={**cpu, "space": str(low), "model.max_model_len": 1024})
     assert setup_warnings(prepare(short)) == []
+    searched = tmp_path / "searched.yaml"  # the line moves with a searched max_model_len: no one line to name
+    searched.write_text(
+        space.replace("low: 0.3,", "low: 0.2,").replace(
+            "parameters:\n", "parameters:\n  max_model_len: {type: categorical, choices: [1024, 2048]}\n"
+        )
+    )
+    assert setup_warnings(prepare(load_config(overrides={**cpu, "space": str(searched)}))) == []
 
 
 def test_the_dry_run_says_how_many_trials_the_budget_leaves_the_search():

@@ -46,7 +46,10 @@ def test_grouped_query_attention_and_a_head_dim_from_the_hidden_size(tmp_path):
     [
         {"model_type": "gemma3"},  # not a type whose every layer attends to the whole context
         {"sliding_window": 4096},  # a window: vLLM needs less than the formula says
-        {"model_type": "qwen2", "sliding_window": 32768},  # use_sliding_window defaults to true
+        {"model_type": "qwen2", "sliding_window": 32768},  # use_sliding_window not stated: left to vLLM
+        {"model_type": "mistral"},  # no sliding_window key: transformers' Mistral default is a 4096 window
+        {"model_type": "qwen3", "head_dim": None},  # transformers' Qwen3 default head_dim is 128, not 256/4
+        {"quantization_config": {"quant_method": "modelopt"}},  # may set the KV dtype
         {"layer_types": ["full_attention", "sliding_attention"] * 2},
         {"num_hidden_layers": None},
     ],
@@ -55,6 +58,40 @@ def test_models_the_check_cannot_bound_are_left_to_vllm(tmp_path, config):
     model = _model(tmp_path, **config)
     assert kv_bytes_per_token(model, {"dtype": "float32"}) is None
     assert kv_shortfall(model, {"dtype": "float32", "max_model_len": 2048, "kv_cache_memory_bytes": 1}) is None
+
+
+def test_a_key_whose_transformers_default_differs_must_be_stated(tmp_path):
+    config = {k: v for k, v in TINY.items() if k != "num_key_value_heads"}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
+    assert kv_bytes_per_token(tmp_path, {"dtype": "float32"}) is None  # Qwen2's default: 32 KV heads
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert kv_bytes_per_token(tmp_path, {"dtype": "float32"}) == 8192  # Llama's default: the attention heads
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"hf_overrides": {"num_hidden_layers": 2}},
+        {"hf_config_path": "/elsewhere"},
+        {"num_gpu_blocks_override": 64},
+        {"decode_context_parallel_size": 2},
+        {"kv_cache_dtype": "int8_per_token_head"},
+        {"max_model_len": "auto"},
+        {"kv_cache_memory_bytes": "1G"},
+    ],
+)
+def test_arguments_that_change_the_need_behind_the_configs_back_are_left_to_vllm(tmp_path, extra):
+    args = {"dtype": "float32", "max_model_len": 2048, "kv_cache_memory_bytes": 1 << 20}
+    assert kv_shortfall(_model(tmp_path), args) is not None  # 1 MiB: far short, without the argument
+    assert kv_shortfall(_model(tmp_path), {**args, **extra}) is None
+
+
+def test_a_kv_size_from_the_environment_replaces_the_tools(tmp_path, monkeypatch):
+    args = {"dtype": "float32", "max_model_len": 2048, "kv_cache_memory_bytes": 1 << 20}
+    assert kv_shortfall(_model(tmp_path), args) is not None
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB: vLLM on CPU takes it over the argument
+    assert kv_shortfall(_model(tmp_path), args) is None
+    assert min_memory_fraction(_model(tmp_path), args, 64 * MIB) is None
 
 
 def test_a_window_that_is_switched_off_is_full_attention(tmp_path):
