@@ -224,35 +224,18 @@ KV_SHAPING_PARAMS = frozenset(
 def kv_warning(prepared: PreparedSearch) -> str | None:
     """A warning when the space's gpu_memory_utilization reaches below the fraction of the KV budget that
     holds one request of max_model_len on CPU (tuner.kv_memory): those candidates are infeasible."""
+    from trainables.trial import engine_spec
     from tuner.kv_memory import kv_bytes_per_token, min_memory_fraction
-    from tuner.space import CategoricalParam, FloatParam, IntParam
-    from tuner.tiny_model import engine_defaults
 
-    config = prepared.config
-    args = {
-        **engine_defaults(prepared.model_path, prepared.on_cpu),
-        "max_model_len": config.model.max_model_len,
-        **config.model.engine_args,
-        **prepared.space.fixed,
-    }
-    spec = prepared.space.parameters.get("gpu_memory_utilization")
-    searched = set(prepared.space.tunable)
-    if not prepared.on_cpu or spec is None or "kv_cache_memory_bytes" in {*args, *searched}:
+    config, space = prepared.config, prepared.space
+    low = space.bounds().get("gpu_memory_utilization", (None, None))[0]
+    sized = "kv_cache_memory_bytes" in {*config.model.engine_args, *space.parameters}
+    # a searched max_model_len, dtype, ... moves the line from trial to trial: each trial checks its own
+    if not prepared.on_cpu or low is None or sized or set(space.tunable) & KV_SHAPING_PARAMS:
         return None
-    if searched & KV_SHAPING_PARAMS:  # the line moves from trial to trial: each trial checks its own
-        return None
-    if isinstance(spec, FloatParam | IntParam):
-        low = float(spec.low)
-    elif isinstance(spec, CategoricalParam):
-        numbers = [c for c in spec.choices if isinstance(c, int | float) and not isinstance(c, bool)]
-        if not numbers:
-            return None
-        low = float(min(numbers))
-    elif isinstance(spec, int | float) and not isinstance(spec, bool):
-        low = float(spec)
-    else:
-        return None
-    budget = int(config.hardware.kv_budget_mib * (1 << 20))
+    context = trial_context(prepared)
+    args = engine_spec(context, space.fixed)[0].args  # the engine arguments every trial starts from
+    budget = context.kv_budget_bytes
     line = min_memory_fraction(prepared.model_path, args, budget)
     per_token = kv_bytes_per_token(prepared.model_path, args)
     if line is None or per_token is None or low >= line:

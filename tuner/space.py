@@ -116,8 +116,8 @@ class SearchSpace(_Strict):
         """The Optuna define-by-run function (picklable, so Tune can checkpoint the searcher)."""
         return DefineByRun(self)
 
-    def check_feasible(self) -> None:
-        """Raise ConfigError if the constraints leave no point (checked on the ranges' extremes)."""
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        """Each numeric parameter's lowest and highest value (a categorical's numeric choices, a fixed number)."""
         bounds: dict[str, tuple[float, float]] = {}
         for name, spec in self.parameters.items():
             if isinstance(spec, (IntParam, FloatParam)):
@@ -128,6 +128,11 @@ class SearchSpace(_Strict):
                     bounds[name] = (min(numeric), max(numeric))
             elif isinstance(spec, (int, float)) and not isinstance(spec, bool):
                 bounds[name] = (spec, spec)
+        return bounds
+
+    def check_feasible(self) -> None:
+        """Raise ConfigError if the constraints leave no point (checked on the ranges' extremes)."""
+        bounds = self.bounds()
         for (left, op, right), text in zip(self.parsed_constraints(), self.constraints, strict=True):
             l_low, l_high = bounds.get(left, (float("-inf"), float("inf")))
             r_low, r_high = (
