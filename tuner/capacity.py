@@ -40,6 +40,18 @@ def same_load(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=_SAME)
 
 
+# Two capacities this close passed the same load. A capacity is the arrival rate its step measured (counted
+# requests over the span of their sends), so trials that passed one load report rates a little apart: at most
+# 0.073% in the 429 trials of the recorded search-cost tables (benchmarks/search_cost.py), while two loads of
+# a capacity search lie 18.8% apart at 20% resolution and at least 0.54% apart at 1%.
+SAME_CAPACITY = 0.004
+
+
+def same_capacity(a: float, b: float) -> bool:
+    """Whether two measured capacities are the same load passed (a tie), not one config beating another."""
+    return math.isclose(a, b, rel_tol=SAME_CAPACITY)
+
+
 def rule_text(failure_rule: str) -> str:
     """What a failure rule adds to a description of the search ('' for the default)."""
     return ", the ending failure measured until 2 of 3 agree" if failure_rule == "majority" else ""

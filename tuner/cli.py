@@ -151,6 +151,8 @@ def print_summary(outcome) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from tuner.selection import highest_capacity
+
     console = Console()
     console.width = max(console.width, 150)
     counts = {s: sum(t.status == s for t in outcome.trials) for s in FINAL_STATUSES}
@@ -180,7 +182,7 @@ def print_summary(outcome) -> None:
     if not outcome.pareto:
         console.print("no trial passed a load step: nothing is Pareto-optimal (see the trial reasons above)")
     base = outcome.baseline
-    best = max(outcome.pareto, key=lambda t: t.metrics.get("capacity_rps_per_accel", 0), default=None)
+    best = highest_capacity(outcome.pareto) if outcome.pareto else None  # a tie at the same load: lower TTFT
     if base is not None:
         line = (
             f"baseline (vLLM defaults), trial {base.trial_id}: {base.status}, "
@@ -188,7 +190,7 @@ def print_summary(outcome) -> None:
             f"{base.metrics.get('ref_ttft_p95_s', 0):.3f}s"
         )
         if best is not None and best is not base:
-            line += f"; highest capacity: trial {best.trial_id}, {capacity_text(best.metrics, best.status)}"
+            line += f"; highest capacity: trial {best.trial_id}, {capacity_text(dict(best.metrics), best.status)}"
             line += " (one measurement each)"
         console.print(line)
     confirmation = outcome.confirmation

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.capacity import CapacityPlan
 from tuner.recorded import TrialRow
-from tuner.selection import feasible_trials
+from tuner.selection import feasible_trials, highest_capacity
 from tuner.space import matches_baseline
 from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
 from tuner.verdict import REFERENCE_LATENCIES, Measurement, Verdict, decide
@@ -38,12 +38,15 @@ REPEATABILITY_CV = 0.049
 
 def finalists(trials: Sequence[TrialRow], baseline: TrialRow | None, count: int) -> list[TrialRow]:
     """The `count` best trials under the SLO other than the baseline: highest capacity per accelerator,
-    ties to the lower reference TTFT p95 (trials that passed no load are never finalists)."""
+    ties (the same load passed) to the lower reference TTFT p95 (`selection.highest_capacity`); trials that
+    passed no load are never finalists."""
     candidates = [t for t in feasible_trials(trials) if t is not baseline]
-    candidates.sort(
-        key=lambda t: (-t.metrics.get("capacity_rps_per_accel", 0), t.metrics.get("ref_ttft_p95_s", math.inf))
-    )
-    return candidates[:count]
+    chosen: list[TrialRow] = []
+    while candidates and len(chosen) < count:
+        best = highest_capacity(candidates)
+        chosen.append(best)
+        candidates = [t for t in candidates if t is not best]
+    return chosen
 
 
 def warm_plan(

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.capacity import Observation, bracket
+from tuner.capacity import Observation, bracket, same_capacity
 from tuner.errors import ExportError
 from tuner.metrics import capacity_metrics, sustainable
 from tuner.metrics import judge as judge_statistics
@@ -110,6 +110,14 @@ def feasible_trials(trials: Sequence[TrialRow]) -> list[TrialRow]:
     return [t for t in trials if t.status in FEASIBLE_STATUSES and t.capacity > 0]
 
 
+def highest_capacity(trials: Sequence[TrialRow]) -> TrialRow:
+    """The trial with the highest capacity per accelerator; among those that passed the same load
+    (`same_capacity`: their measured rates differ only in the arrival jitter), the lower reference TTFT
+    p95, then the earlier trial."""
+    top = max(t.capacity for t in trials)
+    return min((t for t in trials if same_capacity(t.capacity, top)), key=lambda t: t.ref_ttft)
+
+
 def pick_trial(
     trials: Sequence[TrialRow],
     pick: str = "max-capacity",
@@ -117,10 +125,10 @@ def pick_trial(
 ) -> TrialRow:
     """The trial `pick` chooses among the feasible ones.
 
-    max-capacity: highest capacity per accelerator, ties to the lower reference TTFT p95;
-    min-latency: lowest reference TTFT p95, ties to the higher capacity; knee: the knee of the
-    non-dominated front under `objectives`. Remaining ties go to the earlier trial. Raises ExportError
-    when no trial is feasible and ValueError for an unknown pick.
+    max-capacity: highest capacity per accelerator, ties (the same load passed: `same_capacity`) to the
+    lower reference TTFT p95; min-latency: lowest reference TTFT p95, ties to the higher capacity; knee:
+    the knee of the non-dominated front under `objectives`. Remaining ties go to the earlier trial. Raises
+    ExportError when no trial is feasible and ValueError for an unknown pick.
     """
     if pick not in PICKS:
         raise ValueError(f"pick must be one of {', '.join(PICKS)}, but got {pick!r}")
@@ -128,7 +136,7 @@ def pick_trial(
     if not candidates:
         raise ExportError("no trial passed a load step under the SLO")
     if pick == "max-capacity":
-        return min(candidates, key=lambda t: (-t.capacity, t.ref_ttft))
+        return highest_capacity(candidates)
     if pick == "min-latency":
         return min(candidates, key=lambda t: (t.ref_ttft, -t.capacity))
     points = [dict(t.metrics) for t in candidates]

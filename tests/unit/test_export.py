@@ -335,6 +335,18 @@ def test_max_capacity_breaks_ties_on_lower_reference_ttft() -> None:
     assert pick_trial(rows, "max-capacity").trial_id == "b"
 
 
+def test_a_tie_is_the_same_load_passed_not_equal_decimals() -> None:
+    """Capacities are measured arrival rates: three trials of vLLM's defaults that passed one load measured
+    12.6399, 12.6363 and 12.6385 rps/accel (the AVX-512 search-cost table). Configs at one load are a tie,
+    decided by the reference TTFT; a config one load higher (15.03) wins on capacity whatever its TTFT."""
+    rows = [row("a", "completed", 12.6399, 0.5), row("b", "completed", 12.6363, 0.3), row("c", "completed", 10.63, 0.1)]
+    assert pick_trial(rows, "max-capacity").trial_id == "b"
+    rows.append(row("d", "completed", 15.03, 0.9))
+    assert pick_trial(rows, "max-capacity").trial_id == "d"
+    # a same-load tie in TTFT too goes to the earlier trial
+    assert pick_trial([row("e", "completed", 12.6385, 0.3), *rows[:2]], "max-capacity").trial_id == "e"
+
+
 def test_min_latency_picks_the_lowest_reference_ttft_with_capacity() -> None:
     rows = [
         row("a", "completed", 4.0, 0.5),

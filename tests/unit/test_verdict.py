@@ -309,6 +309,16 @@ def test_finalists_are_the_best_feasible_trials_other_than_the_baseline():
     assert [t.trial_id for t in finalists(trials, base, 2)] == ["c", "a"]
 
 
+def test_finalists_at_the_same_load_go_by_the_lower_reference_ttft():
+    """Two trials that passed the same load measure rates a few hundredths of a percent apart: which of
+    them is confirmed is the tie rule's (lower reference TTFT p95), not the arrival jitter's."""
+    base = _outcome("base", 10.63, 12.64)
+    jittered, quicker = _outcome("jittered", 12.6399, 15.03), _outcome("quicker", 12.6363, 15.03)
+    jittered.metrics["ref_ttft_p95_s"], quicker.metrics["ref_ttft_p95_s"] = 0.5, 0.3  # type: ignore[index]
+    assert [t.trial_id for t in finalists([base, jittered, quicker], base, 1)] == ["quicker"]
+    assert [t.trial_id for t in finalists([base, jittered, quicker], base, 2)] == ["quicker", "jittered"]
+
+
 def test_a_confirmation_through_stand_in_engines_records_every_measurement(tmp_path):
     """Two real trial runners per round, 3 rounds, over JumpEngines (the finalist breaks at twice the baseline's
     load), recorded in MLflow as nested confirm runs; the verdict names the finalist."""
@@ -575,3 +585,16 @@ def test_the_search_summary_says_the_rounds_its_verdict_rests_on(capsys, done, l
     assert lead in out and "nothing to confirm; recommended: the baseline" in out
     assert "0 paired rounds" not in out
     assert ("confirmed base0001 (baseline): 5.3-6.4" in out) == bool(done), "measurements listed only when made"
+
+
+@pytest.mark.parametrize(("other", "named"), [(12.6399, False), (15.03, True)])
+def test_the_search_summary_names_no_higher_capacity_for_a_tie_at_the_baselines_load(capsys, other, named):
+    """The baseline passed 12.6363 rps/accel and another trial the same load at 12.6399 (arrival jitter) with a
+    slower reference TTFT: the summary does not call it the highest capacity; one load higher, it does."""
+    from tuner.cli import print_summary
+    from tuner.search import SearchOutcome
+
+    base = TrialRow("base0001", "r1", "completed", metrics={"capacity_rps_per_accel": 12.6363, "ref_ttft_p95_s": 0.1})
+    rival = TrialRow("rival002", "r2", "completed", metrics={"capacity_rps_per_accel": other, "ref_ttft_p95_s": 0.3})
+    print_summary(SearchOutcome("e", "parent", "sqlite:///x.db", [base, rival], [base, rival], 120.0, base))
+    assert ("highest capacity: trial rival002" in capsys.readouterr().out) == named
