@@ -271,3 +271,40 @@ def test_compare_reports_on_a_table_of_another_folder_where_one_is_named(tmp_pat
     args.report_grid_dir = None
     choose, report = search_cost.compared_tables(args, setup)
     assert report is choose
+
+
+def test_a_config_measured_at_the_baselines_load_is_not_beyond_it(tmp_path):
+    """Capacities are arrival rates at the planner's loads: a config that passed the baseline's load reports a
+    rate a few hundredths of a percent off the baseline's (the AVX-512 tables: 14.986-14.992). That jitter
+    must not make it the incumbent, or `beyond_baseline` counts a tie as a config above the defaults."""
+    other = (32, 512, 1)
+
+    def truth(p):
+        return 40.0 if (p["max_num_seqs"], p["max_num_batched_tokens"], p["num_replicas"]) == other else 20.0
+
+    grid_dir = _table(tmp_path, truth)
+    path = grid_dir / "search_cost_grid_bundled.json"
+    data = json.loads(path.read_text())
+
+    def measured(point: tuple, values: list[float]) -> None:
+        config = next(c for c in data["configs"].values() if tuple(c["params"].values())[:3] == point)
+        for entry, value in zip(config["repeats"], values, strict=True):
+            entry[search_cost.METRIC] = entry["steps"][-1][search_cost.METRIC] = value
+
+    measured(tuple(BASELINE.values()), [40.00, 39.99, 40.01])
+    measured(other, [40.02, 40.03, 40.02])  # the same load, every draw a little above every baseline's
+    path.write_text(json.dumps(data))
+    setup = search_cost._setup()
+    table = search_cost.load_table(grid_dir, "bundled", setup)
+    assert table.best_set == {
+        search_cost.key(p, table.names) for p in (setup.baseline, dict(zip(BASELINE, other, strict=True)))
+    }
+    runs = [search_cost.simulate(table, setup, "random", seed=s, beyond_baseline=True) for s in range(4)]
+    assert not any(r["reached"] for r in runs), "a tie at the baseline's load is not beyond the baseline"
+    measured(other, [44.0, 44.1, 44.0])  # one load higher: beyond it
+    path.write_text(json.dumps(data))
+    table = search_cost.load_table(grid_dir, "bundled", setup)
+    runs = [search_cost.simulate(table, setup, "random", seed=s, beyond_baseline=True) for s in range(4)]
+    assert all(r["reached"] for r in runs)
+    assert search_cost.above(40.5, 40.0) and not search_cost.above(40.1, 40.0) and search_cost.above(0.1, 0.0)
+    assert search_cost.above(1.0, -float("inf")) and not search_cost.above(39.0, 40.0)
