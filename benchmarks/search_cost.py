@@ -79,6 +79,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import cpu_kind, machine, run_trial, start_local_ray, step_line, stop_ray  # noqa: E402
 
+from tuner.capacity import same_capacity  # noqa: E402
 from tuner.vocabulary import STATUS_REASON_TAG, STATUS_TAG, TrialStatus  # noqa: E402
 
 CONFIG = ROOT / "benchmarks" / "search-cost.yaml"
@@ -622,8 +623,6 @@ def above(value: float, incumbent: float) -> bool:
     """Whether a reported capacity beats the incumbent's: a higher load passed, not the same load's arrival
     jitter (`tuner.capacity.same_capacity`: a tie keeps the incumbent, so a config measuring the baseline's
     load is not "beyond" it)."""
-    from tuner.capacity import same_capacity
-
     return value > incumbent and not same_capacity(value, incumbent)
 
 
