@@ -52,6 +52,14 @@ def same_capacity(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=SAME_CAPACITY)
 
 
+# The trial metrics that are capacities (measured rates), with the tolerance within which a Pareto front
+# (`pareto.non_dominated`'s ties) counts two of them as one load: the tie rule of `same_capacity`.
+CAPACITY_TIES: dict[str, float] = dict.fromkeys(
+    ("capacity_rps", "capacity_rps_per_accel", "capacity_lo_rps_per_accel", "capacity_hi_rps_per_accel"),
+    SAME_CAPACITY,
+)
+
+
 def rule_text(failure_rule: str) -> str:
     """What a failure rule adds to a description of the search ('' for the default)."""
     return ", the ending failure measured until 2 of 3 agree" if failure_rule == "majority" else ""

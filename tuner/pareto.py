@@ -19,13 +19,29 @@ def dominates(a: Mapping[str, float], b: Mapping[str, float], objectives: Sequen
     return _dominates(_scores(a, objectives), _scores(b, objectives))
 
 
-def non_dominated(points: Sequence[Mapping[str, float]], objectives: Sequence[Objective]) -> list[int]:
+def non_dominated(
+    points: Sequence[Mapping[str, float]],
+    objectives: Sequence[Objective],
+    ties: Mapping[str, float] | None = None,
+) -> list[int]:
     """Return the indices, in input order, of the points no other point dominates (ties all kept).
 
-    Raises ValueError as `dominates` does.
+    `ties` maps an objective to a relative tolerance: that objective's values are grouped from the best
+    down, each group holding the values within the tolerance of its best, and a value counts as its
+    group's best: a point that ties another there and is worse in another objective is dominated.
+    Anchoring each group at its best keeps dominance transitive, which comparing pairs within the
+    tolerance would not.
+    Raises ValueError as `dominates` does, or for a negative tolerance.
     """
     _check(objectives)
     scores = [_scores(p, objectives) for p in points]
+    for column, (name, _) in enumerate(objectives):
+        tolerance = (ties or {}).get(name, 0.0)
+        if tolerance < 0:
+            raise ValueError(f"objective {name!r}: tie tolerance must be >= 0, but got {tolerance}")
+        if tolerance:
+            grouped = _grouped([s[column] for s in scores], tolerance)
+            scores = [s[:column] + (g,) + s[column + 1 :] for s, g in zip(scores, grouped, strict=True)]
     return [i for i, mine in enumerate(scores) if not any(_dominates(other, mine) for other in scores)]
 
 
@@ -75,6 +91,17 @@ def _scores(point: Mapping[str, float], objectives: Sequence[Objective]) -> tupl
         value = float(value) if value is not None else -math.inf
         scores.append(-math.inf if not math.isfinite(value) else value if direction == "max" else -value)
     return tuple(scores)
+
+
+def _grouped(values: list[float], tolerance: float) -> list[float]:
+    """Each finite value replaced by the best (largest) value of its group, grouping from the best down."""
+    grouped = list(values)
+    anchor = math.nan
+    for i in sorted((i for i, v in enumerate(values) if math.isfinite(v)), key=values.__getitem__, reverse=True):
+        if not math.isclose(values[i], anchor, rel_tol=tolerance):
+            anchor = values[i]
+        grouped[i] = anchor
+    return grouped
 
 
 def _dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:

@@ -21,9 +21,8 @@ from typing import Any
 
 from tuner.capacity import rule_text
 from tuner.errors import TrackingError
-from tuner.pareto import non_dominated
 from tuner.recorded import SearchRecord, TrialRow, load_search, scrub_uri
-from tuner.selection import confirmed_winner, feasible_trials, pick_trial
+from tuner.selection import confirmed_winner, feasible_trials, pareto_front, pick_trial
 from tuner.slo import parse_slo
 from tuner.verdict import REFERENCE_LATENCIES, confirmation_lead, rounds_done
 from tuner.vocabulary import FEASIBLE_STATUSES, FINAL_STATUSES, TrialStatus
@@ -72,7 +71,7 @@ def summarize(record: SearchRecord) -> Summary:
     capacity_metric = next((m for m, d in objectives if d == "max"), "capacity_rps_per_accel")
     latency_metric = next((m for m, d in objectives if d == "min"), "ref_ttft_p95_s")
     feasible = feasible_trials(record.trials)
-    front_idx = non_dominated([dict(t.metrics) for t in feasible], objectives) if feasible else []
+    front_idx = pareto_front([dict(t.metrics) for t in feasible], objectives) if feasible else []
     front = tuple(sorted((feasible[i] for i in front_idx), key=lambda t: _metric(t, latency_metric)))
     winner = pick_trial(record.trials, "max-capacity", objectives) if feasible else None
     confirmed = confirmed_winner(record, record.trials, pick="max-capacity", rejudged=False)

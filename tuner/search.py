@@ -38,11 +38,11 @@ from tuner.confirm import (
     warm_steps,
 )
 from tuner.errors import ConfigError, TrackingError
-from tuner.pareto import non_dominated
 from tuner.plan import rate_profile
 from tuner.processes import OWNER_VAR, wait_for_owned
 from tuner.recorded import TrialRow
 from tuner.sampling import StepSample, sample_step
+from tuner.selection import pareto_front
 from tuner.space import (
     POOL_PARAMS,
     CategoricalParam,
@@ -1104,7 +1104,7 @@ def _finish(
     objectives = [(o.metric, o.mode) for o in config.objectives]
     trials = tracker.rows()
     comparable = [t for t in trials if t.status in FEASIBLE_STATUSES and t.metrics]
-    front = [comparable[i] for i in non_dominated([t.metrics for t in comparable], objectives)]
+    front = [comparable[i] for i in pareto_front([t.metrics for t in comparable], objectives)]
     front.sort(
         key=lambda t: (
             -t.metrics.get(objectives[0][0], 0) if objectives[0][1] == "max" else t.metrics.get(objectives[0][0], 0)

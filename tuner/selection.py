@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.capacity import Observation, bracket, same_capacity
+from tuner.capacity import CAPACITY_TIES, Observation, bracket, same_capacity
 from tuner.errors import ExportError
 from tuner.metrics import capacity_metrics, sustainable
 from tuner.metrics import judge as judge_statistics
@@ -110,6 +110,12 @@ def feasible_trials(trials: Sequence[TrialRow]) -> list[TrialRow]:
     return [t for t in trials if t.status in FEASIBLE_STATUSES and t.capacity > 0]
 
 
+def pareto_front(points: Sequence[Mapping[str, float]], objectives: Sequence[Objective]) -> list[int]:
+    """The indices, in input order, of the trials' metrics no other dominates under `objectives`, with
+    capacities that passed the same load (`same_capacity`) a tie there, decided by the other objectives."""
+    return non_dominated(points, objectives, CAPACITY_TIES)
+
+
 def highest_capacity(trials: Sequence[TrialRow]) -> TrialRow:
     """The trial with the highest capacity per accelerator; among those that passed the same load
     (`same_capacity`: their measured rates differ only in the arrival jitter), the lower reference TTFT
@@ -141,7 +147,7 @@ def pick_trial(
         return min(candidates, key=lambda t: (t.ref_ttft, -t.capacity))
     points = [dict(t.metrics) for t in candidates]
     chosen: list[Objective] = list(objectives) or list(DEFAULT_OBJECTIVES)
-    front = non_dominated(points, chosen)
+    front = pareto_front(points, chosen)
     return candidates[knee_index(points, front, chosen)]
 
 

@@ -347,6 +347,19 @@ def test_a_tie_is_the_same_load_passed_not_equal_decimals() -> None:
     assert pick_trial([row("e", "completed", 12.6385, 0.3), *rows[:2]], "max-capacity").trial_id == "e"
 
 
+def test_the_knee_is_chosen_from_a_front_without_same_load_ties() -> None:
+    """'a' passed the same load as 'b' (the arrival jitter gives it 0.03% more) with a slower TTFT, so it is
+    not on the front: the knee is found among b, c and d (c), not on a latency scale stretched to a's 0.9 s
+    (which made b the knee)."""
+    rows = [
+        row("a", "completed", 12.6399, 0.9),
+        row("b", "completed", 12.6363, 0.3),
+        row("c", "completed", 10.63, 0.25),
+        row("d", "completed", 5.31, 0.2),
+    ]
+    assert pick_trial(rows, "knee").trial_id == "c"
+
+
 def test_min_latency_picks_the_lowest_reference_ttft_with_capacity() -> None:
     rows = [
         row("a", "completed", 4.0, 0.5),

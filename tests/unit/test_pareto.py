@@ -75,6 +75,37 @@ def test_points_missing_everything_survive_only_among_themselves() -> None:
     assert non_dominated([{}, {"capacity": 0.0}], CAP_LAT) == [1]
 
 
+def test_a_tie_within_the_tolerance_is_decided_by_the_other_objectives() -> None:
+    """Capacities measured at one load differ in the arrival jitter (12.6399 against 12.6363): with a tie
+    tolerance the slower of the two is dominated; without one both stay on the front."""
+    pts = points((12.6399, 0.5), (12.6363, 0.3), (10.63, 0.1))
+    assert non_dominated(pts, CAP_LAT) == [0, 1, 2]
+    assert non_dominated(pts, CAP_LAT, {"capacity": 0.004}) == [1, 2]
+    assert non_dominated(pts, CAP_LAT, {"latency": 0.004}) == [0, 1, 2]  # ties only where named
+    # one load higher (15.03) is better capacity, whatever its latency
+    assert non_dominated([*pts, {"capacity": 15.03, "latency": 0.9}], CAP_LAT, {"capacity": 0.004}) == [1, 2, 3]
+
+
+def test_tie_groups_are_anchored_at_their_best_value() -> None:
+    """12.60 ties 12.64 (0.3%); 12.56 ties 12.60 (0.3%) but not 12.64 (0.6%), so it starts the next group
+    and keeps its own place on the front: the front holds the best of the top group, as `max-capacity`
+    picks it, and grouping is transitive where pairwise comparison within the tolerance is not."""
+    pts = points((12.64, 0.5), (12.60, 0.4), (12.56, 0.3))
+    assert non_dominated(pts, CAP_LAT, {"capacity": 0.004}) == [1, 2]
+    assert non_dominated(pts, CAP_LAT, {"capacity": 0.01}) == [2]
+
+
+def test_a_tie_in_a_minimised_objective_and_in_missing_values() -> None:
+    pts = [{"capacity": 5.0, "latency": 1.000}, {"capacity": 6.0, "latency": 1.002}, {"capacity": 4.0}]
+    assert non_dominated(pts, CAP_LAT) == [0, 1]
+    assert non_dominated(pts, CAP_LAT, {"latency": 0.004}) == [1]  # a missing latency stays the worst
+
+
+def test_a_negative_tie_tolerance_is_rejected() -> None:
+    with pytest.raises(ValueError, match="objective 'capacity': tie tolerance must be >= 0, but got -0.1"):
+        non_dominated(points((1, 1)), CAP_LAT, {"capacity": -0.1})
+
+
 @pytest.mark.parametrize(
     ("objectives", "message"),
     [
@@ -131,6 +162,32 @@ def test_every_excluded_point_is_dominated_by_a_returned_one(
     assert not pts or front
     for j in set(range(len(pts))) - set(front):
         assert any(dominates(pts[i], pts[j], objectives) for i in front)
+
+
+@given(_points, _objectives, st.sampled_from([0.0, 0.05, 0.3]))
+def test_a_tied_front_is_a_front_of_the_grouped_values(
+    pts: list[dict[str, float]], objectives: list[Objective], tolerance: float
+) -> None:
+    """With ties, no front point is dominated and every other point is, once each value counts as the best of
+    its group; a zero tolerance changes nothing."""
+    ties = {name: tolerance for name, _ in objectives[:1]}
+    front = non_dominated(pts, objectives, ties)
+    if not tolerance:
+        assert front == non_dominated(pts, objectives)
+    name, direction = objectives[0]
+    sign = 1 if direction == "max" else -1
+    finite = sorted({sign * p[name] for p in pts if math.isfinite(p.get(name, NAN))}, reverse=True)
+    anchors: list[float] = []
+    for value in finite:
+        if not anchors or not math.isclose(value, anchors[-1], rel_tol=tolerance):
+            anchors.append(value)
+    grouped = []
+    for p in pts:
+        value = p.get(name, NAN)
+        if math.isfinite(value):
+            value = sign * min(a for a in anchors if a >= sign * value)  # the group it joined, scanning down
+        grouped.append({**p, name: value})
+    assert front == non_dominated(grouped, objectives)
 
 
 # --- knee_index -------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_export import build_store, cli, standard_trials, trial
+from test_export import build_store, cli, row, standard_trials, trial
 
-from tuner.recorded import load_search
+from tuner.recorded import SearchRecord, load_search
 from tuner.report import (
     build_report,
     comparison_table,
@@ -175,6 +175,19 @@ def test_html_is_self_contained_with_every_plot(rendered: tuple[str, str]) -> No
     assert not {"plot-importance-0", "plot-importance-1"} & ids  # too few trials: a note instead
     assert "at least 10 are needed" in page
     assert "Pareto fronts side by side" in page and "baseline" in page and "winner (max capacity)" in page
+
+
+def test_the_front_leaves_out_a_config_that_passed_the_same_load_more_slowly() -> None:
+    """Two configs that passed one load (12.6399 and 12.6363 rps/accel: the arrival jitter) are a tie in
+    capacity, so the one with the slower reference TTFT is dominated, not on the front by 0.03%."""
+    rows = (
+        row("a", "completed", 12.6399, 0.5),
+        row("b", "completed", 12.6363, 0.3),
+        row("c", "completed", 10.63, 0.1),
+    )
+    summary = summarize(SearchRecord("e", "p", "u", "ttft:p95<2s", rows))
+    assert [t.trial_id for t in summary.front] == ["c", "b"]
+    assert summary.winner is not None and summary.winner.trial_id == "b"
 
 
 def test_markdown_has_comparison_front_gain_and_trial_tables(rendered: tuple[str, str]) -> None:
