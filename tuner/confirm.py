@@ -370,6 +370,13 @@ class ConfirmOutcome:
 Measure = Callable[["TrialContext", dict[str, Any], str], dict[str, Any]]
 
 
+def _cut_note(round_: int, trial_id: str, taken: Sequence[Measurement], *, started: bool) -> str:
+    """Why round `round_` is not counted: the time budget ended before or during `trial_id`'s measurement."""
+    what = "during the measurement of" if started else "before the measurement of"
+    kept = f"; its {len(taken)} finished measurement(s) are recorded" if taken else ""
+    return f"the time budget ended {what} {trial_id} in confirmation round {round_}: the round is not counted{kept}"
+
+
 def run_confirmation(
     *,
     context: TrialContext,
@@ -390,10 +397,12 @@ def run_confirmation(
     """Measure the finalists and the baseline in `rounds` interleaved rounds and decide the verdict.
 
     A round is started only if it can end before `deadline` (time.monotonic(); each measurement
-    estimated at `measurement_s`); with fewer than two rounds done there is no interval, and the verdict
-    says so. With `reference_step`, each measurement starts at the reference load and carries its
-    latencies there (the verdict's latency intervals). Each measurement is recorded as a nested MLflow
-    run when `client` is given.
+    estimated at `measurement_s`), and `deadline` is a hard end: a measurement still running then is
+    stopped (its trial time limit is the time left), and its round, no longer paired, is recorded but not
+    counted. With fewer than two rounds done there is no interval, and the verdict says so. With
+    `reference_step`, each measurement starts at the reference load and carries its latencies there (the
+    verdict's latency intervals). Each measurement is recorded as a nested MLflow run when `client` is
+    given.
     """
     began = time.monotonic()
     chosen = finalists(trials, baseline, count)
@@ -423,12 +432,24 @@ def run_confirmation(
             )
             break
         progress(f"confirmation round {index + 1}/{rounds}: {', '.join(order)}")
+        taken: list[Measurement] = []  # this round's, counted once the whole round is in
         for trial_id in order:
             trial = by_id[trial_id]
             plan = warm_plan(
                 context.plan, start_from[trial_id], context.reference_rps, resolution, reference_first=reference_step
             )
-            round_context = dataclasses.replace(context, plan=plan, seed=context.seed + 1000 * (index + 1))
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                notes.append(_cut_note(index + 1, trial_id, taken, started=False))
+                break
+            # The budget's end is this measurement's time limit where it comes before the trials' own.
+            budget_binds = left is not None and (context.trial_timeout_s is None or left < context.trial_timeout_s)
+            round_context = dataclasses.replace(
+                context,
+                plan=plan,
+                seed=context.seed + 1000 * (index + 1),
+                trial_timeout_s=left if budget_binds else context.trial_timeout_s,
+            )
             run_id = (
                 open_confirm_run(client, experiment, parent_run_id, trial_id, index + 1, dict(trial.params))
                 if client is not None
@@ -442,8 +463,18 @@ def run_confirmation(
                     reason = "the search ended during this measurement"
                     close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, reason)
                 raise
-            durations.append(time.monotonic() - measuring)
+            elapsed = time.monotonic() - measuring
+            durations.append(elapsed)
             status = TrialStatus(str(result.get(STATUS_TAG, TrialStatus.COMPLETED)))
+            if budget_binds and status == TrialStatus.INFEASIBLE and left is not None and elapsed >= left:
+                note = _cut_note(index + 1, trial_id, taken, started=True)
+                if client is not None:
+                    close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, note)
+                progress(
+                    f"  confirm {trial_id} (round {index + 1}): stopped at the time budget's end, round not counted"
+                )
+                notes.append(note)
+                break
             capacity = float(result.get("capacity_rps_per_accel", 0.0)) if status != TrialStatus.INFEASIBLE else 0.0
             hi = result.get("capacity_hi_rps_per_accel")
             if not reference_step:  # no step at the reference load: its latencies are only the penalty
@@ -461,14 +492,19 @@ def run_confirmation(
                 round=index + 1,
                 reference=reference,
             )
-            measured[trial_id].append(measurement)
+            taken.append(measurement)
             if measurement.capacity > 0 and measurement.hi is not None:
                 start_from[trial_id] = {"capacity_rps_per_accel": capacity, "capacity_hi_rps_per_accel": measurement.hi}
             text = capacity_text(result, status)
             if client is not None:
                 close_confirm_run(client, run_id, result, status, str(result.get(STATUS_REASON_TAG, "")))
             progress(f"  confirm {trial_id} (round {index + 1}): {text}")
-        done += 1
+        else:
+            for measurement in taken:
+                measured[measurement.trial_id].append(measurement)
+            done += 1
+            continue
+        break  # the budget ended within this round
     if done < 2:
         notes.append(f"{done} confirmation round(s) done: an interval needs at least 2")
     verdict = decide(

@@ -81,3 +81,47 @@ def test_a_real_capacity_search_brackets_the_breaking_point(ray_local):
         assert r["measured_requests"] >= 40
     assert final["status_reason"].startswith("capacity ")
     assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []
+
+
+def test_a_confirmation_is_stopped_at_the_budget_s_end_through_a_real_engine(ray_local):
+    """The budget's end is a hard one for the confirmation (tuner.confirm.run_confirmation): a re-measurement
+    on a real vLLM server still running then is stopped, its engine shut down, and its round not counted.
+    A 60 s budget holds one engine start and a few short steps, not the round's two capacity searches."""
+    import time
+
+    from trainables.trial import measure_on_ray
+    from tuner.confirm import run_confirmation
+    from tuner.recorded import TrialRow
+
+    prepared = prepare(
+        load_config(None, {"capacity.tail_requests": 2, "capacity.min_window_s": 6, "capacity.warmup_requests": 5}),
+        device_has_gpu=False,
+    )
+    context = trial_context(prepared)
+    ref = context.reference_rps
+
+    def row(trial_id: str, params: dict) -> TrialRow:
+        metrics = {"capacity_rps_per_accel": ref, "capacity_hi_rps_per_accel": 1.5 * ref, "num_accelerators": 1.0}
+        return TrialRow(trial_id, f"run-{trial_id}", "completed", params=params, metrics=metrics)
+
+    base, small = row("base", {}), row("small", {"max_num_seqs": 4, "max_num_batched_tokens": 256})
+    lines: list[str] = []
+    began = time.monotonic()
+    outcome = run_confirmation(
+        context=context,
+        trials=[base, small],
+        baseline=base,
+        count=1,
+        rounds=2,
+        resolution=0.5,
+        measure=measure_on_ray,
+        deadline=began + 60,
+        measurement_s=1.0,  # so that round 1 starts
+        progress=lines.append,
+    )
+    ended = time.monotonic() - began
+    assert ended < 60 + 30, f"ended {ended:.0f}s after it began: the budget's end stops the measurement"
+    assert outcome.rounds_done == 0 and all(v == [] for v in outcome.measurements.values()), outcome.measurements
+    assert any("the time budget ended during the measurement of" in note for note in outcome.notes), outcome.notes
+    assert any("stopped at the time budget's end" in line for line in lines), lines
+    assert leftover_processes(wait_s=30, pattern=ENGINE_PATTERN) == []

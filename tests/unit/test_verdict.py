@@ -483,6 +483,90 @@ def test_a_confirmation_that_does_not_fit_says_what_a_round_costs_and_what_was_l
     ) in outcome.notes
 
 
+def test_the_budget_s_end_stops_a_measurement_that_runs_over_and_its_round_is_not_counted(monkeypatch):
+    """The embedded demo on an Ice Lake Xeon (2026-12-06): round 2 started with its estimate's time left, then
+    its last measurement descended and took 163 s against 90. The budget's end is a hard one: the
+    measurement running then gets the time left as its limit and is stopped there, and its round, no longer
+    paired, is not counted (the finished measurement beside it is not half a pair in the verdict)."""
+    import types
+
+    import tuner.confirm
+
+    clock = [0.0]
+    monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    durations = iter([70.0, 70.0, 70.0, 163.0])  # round 1: fast, base; round 2: base, then fast descends
+    limits: list[float | None] = []
+
+    def measure(context, params, trial_id):
+        limits.append(context.trial_timeout_s)
+        took = next(durations)
+        if context.trial_timeout_s is not None and took > context.trial_timeout_s:
+            clock[0] += context.trial_timeout_s
+            return {"capacity_rps_per_accel": 0.0, "trial_status": "infeasible", "status_reason": "time limit"}
+        clock[0] += took
+        return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
+
+    outcome = _confirm_pair(measure, rounds=2, deadline=300.0, measurement_s=70.0)
+    assert clock[0] == 300.0, "the confirmation ends at the budget's end, not 73 s past it"
+    assert limits == [300.0, 230.0, 160.0, 90.0], "each measurement's limit is the time left"
+    assert outcome.rounds_done == 1 and [len(v) for v in outcome.measurements.values()] == [1, 1]
+    assert outcome.verdict.rounds == 1 and not outcome.verdict.distinguishable
+    assert (
+        "the time budget ended during the measurement of fast in confirmation round 2: the round is not counted; "
+        "its 1 finished measurement(s) are recorded"
+    ) in outcome.notes
+    # A trial time limit shorter than the time left stays the measurement's own: over it, a config is
+    # infeasible (a measured 0, counted), not cut by the budget.
+    durations = iter([70.0, 70.0])
+    clock[0], limits[:] = 0.0, []
+    outcome = _confirm_pair(
+        measure, context=_context_stub_with(trial_timeout_s=60.0), rounds=1, deadline=300.0, measurement_s=70.0
+    )
+    assert limits == [60.0, 60.0] and outcome.rounds_done == 1
+    assert [m.capacity for v in outcome.measurements.values() for m in v] == [0.0, 0.0]
+
+
+def test_a_real_trial_runner_is_stopped_at_the_budget_s_end_and_recorded_as_stopped(tmp_path):
+    """Through a real trial runner over the stand-in engine: the budget's end reaches the runner as its time
+    limit, the pool is shut down, and the measurement's MLflow run says the budget stopped it."""
+    from mlflow.tracking import MlflowClient
+    from stand_in import StandInEngine
+    from test_trial_runner import _factory
+
+    from trainables.trial import TrialRunner, run_capacity_search
+    from tuner.tracking import start_parent_run
+
+    engines: list[StandInEngine] = []
+
+    def measure(context, params, trial_id):
+        engines.append(StandInEngine(tokens_per_s=3000))
+        return run_capacity_search(TrialRunner(context, params, _factory(engines[-1:]), trial_id=trial_id))[-1]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    parent = start_parent_run(client, "cut", run_name="search", params={}, tags={}, documents={})
+    began = time.monotonic()
+    outcome = _confirm_pair(
+        measure, rounds=2, deadline=began + 1.5, measurement_s=0.1, client=client, experiment="cut",
+        parent_run_id=parent,
+    )  # fmt: skip
+    assert time.monotonic() - began < 10, "stopped at the budget's end, not run to its capacity"
+    assert outcome.rounds_done == 0 and len(engines) == 1 and engines[0].shut_down
+    assert any(
+        note.startswith("the time budget ended during the measurement of fast in confirmation round 1")
+        for note in outcome.notes
+    )
+    runs = client.search_runs([client.get_experiment_by_name("cut").experiment_id])
+    (confirm,) = [r for r in runs if r.data.tags.get("run_kind") == "confirm"]
+    assert confirm.data.tags["trial_status"] == "early_stopped" and confirm.info.status == "FINISHED"
+    assert "time budget ended" in confirm.data.tags["status_reason"]
+
+
+def _context_stub_with(**overrides):
+    import dataclasses
+
+    return dataclasses.replace(_context_stub(), **overrides)
+
+
 def _context_stub():
     from test_trial_runner import _context
 
