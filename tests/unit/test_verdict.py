@@ -520,7 +520,7 @@ def test_the_budget_s_end_stops_a_measurement_that_runs_over_and_its_round_is_no
     durations = iter([70.0, 70.0])
     clock[0], limits[:] = 0.0, []
     outcome = _confirm_pair(
-        measure, context=_context_stub_with(trial_timeout_s=60.0), rounds=1, deadline=300.0, measurement_s=70.0
+        measure, context=_context_stub(trial_timeout_s=60.0), rounds=1, deadline=300.0, measurement_s=70.0
     )
     assert limits == [60.0, 60.0] and outcome.rounds_done == 1
     assert [m.capacity for v in outcome.measurements.values() for m in v] == [0.0, 0.0]
@@ -561,16 +561,10 @@ def test_a_real_trial_runner_is_stopped_at_the_budget_s_end_and_recorded_as_stop
     assert "time budget ended" in confirm.data.tags["status_reason"]
 
 
-def _context_stub_with(**overrides):
-    import dataclasses
-
-    return dataclasses.replace(_context_stub(), **overrides)
-
-
-def _context_stub():
+def _context_stub(**overrides):
     from test_trial_runner import _context
 
-    return _context()
+    return _context(**overrides)
 
 
 def test_a_baseline_whose_trial_failed_is_never_the_recommendation_the_export_cannot_make():
