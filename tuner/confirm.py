@@ -505,8 +505,8 @@ def run_confirmation(
             done += 1
             continue
         break  # the budget ended within this round
-    if done < 2:
-        notes.append(f"{done} confirmation round(s) done: an interval needs at least 2")
+    # Fewer than 2 rounds done: the notes above say why (the budget; 1 round is not a valid setting), and
+    # the verdict's text carries them.
     verdict = decide(
         measured, baseline.trial_id, tie_key=tie_key, notes=notes, baseline_feasible=bool(feasible_trials([baseline]))
     )

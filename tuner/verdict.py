@@ -268,8 +268,9 @@ class Verdict:
         if self.winner == self.baseline:
             if self.best.ratio is not None and self.best.ratio < 1 and self.best.distinguishable:
                 return f"the baseline wins: the best finalist is {self.best.text}"
-            if self.best.rounds < 2:  # no interval: nothing was measured either way
-                return f"{self.best.text}; the baseline stays, as nothing was shown to beat it"
+            if self.best.rounds < 2:  # no interval: nothing was measured either way; the notes say why
+                why = f" ({'; '.join(self.notes)})" if self.notes else ""
+                return f"{self.best.text}; the baseline stays, as nothing was shown to beat it{why}"
             power, needed = self.sensitivity()
             if power is None or power >= SENSITIVE:
                 return f"{self.best.text}; vLLM's defaults are fine for this traffic"

@@ -431,9 +431,11 @@ def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
     assert outcome.rounds_done == 1
     assert not outcome.verdict.distinguishable and outcome.verdict.winner == "base"
     assert any("allowed 1 of 4" in note for note in outcome.notes)
-    # One round is no evidence either way: the baseline stays, and the verdict does not call it "fine".
-    assert outcome.verdict.text == (
-        "1 confirmation round(s): too few for an interval; the baseline stays, as nothing was shown to beat it"
+    # One round is no evidence either way: the baseline stays, the verdict does not call it "fine", and it
+    # says why there was only one (the notes: the budget).
+    assert outcome.verdict.text.startswith(
+        "1 confirmation round(s): too few for an interval; the baseline stays, as nothing was shown to beat it "
+        "(the time budget allowed 1 of 4 confirmation rounds (a round of 2 measurements takes about"
     )
 
 
@@ -524,6 +526,38 @@ def test_the_budget_s_end_stops_a_measurement_that_runs_over_and_its_round_is_no
     )
     assert limits == [60.0, 60.0] and outcome.rounds_done == 1
     assert [m.capacity for v in outcome.measurements.values() for m in v] == [0.0, 0.0]
+
+
+def test_a_round_whose_next_measurement_has_no_time_left_is_not_counted_and_the_verdict_says_why(monkeypatch):
+    """Round 2 fits its estimate, but its first measurement takes all the time left and finishes at the
+    budget's end: the second is not started, the round (half a pair) is not counted, and the verdict's text
+    names the reason rather than only "too few for an interval"."""
+    import types
+
+    import tuner.confirm
+
+    clock = [0.0]
+    monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    durations = iter([70.0, 70.0, 160.0])  # round 1: fast, base; round 2: base ends at 300 exactly
+    measured: list[str] = []
+
+    def measure(context, params, trial_id):
+        measured.append(trial_id)
+        clock[0] += next(durations)
+        return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
+
+    outcome = _confirm_pair(measure, rounds=2, deadline=300.0, measurement_s=70.0)
+    assert measured == ["confirm1-fast", "confirm1-base", "confirm2-base"], "nothing starts with no time left"
+    assert outcome.rounds_done == 1 and [len(v) for v in outcome.measurements.values()] == [1, 1]
+    note = (
+        "the time budget ended before the measurement of fast in confirmation round 2: the round is not counted; "
+        "its 1 finished measurement(s) are recorded"
+    )
+    assert outcome.notes == [note]
+    assert outcome.verdict.text == (
+        "1 confirmation round(s): too few for an interval; the baseline stays, as nothing was shown to beat it "
+        f"({note})"
+    )
 
 
 def test_a_real_trial_runner_is_stopped_at_the_budget_s_end_and_recorded_as_stopped(tmp_path):
