@@ -262,15 +262,12 @@ class Verdict:
         if self.reason:
             return self.reason + (f" ({self.best.text})" if self.best is not None else "")
         if self.best is None:
-            return "no finalist could be compared with the baseline" + (
-                f" ({'; '.join(self.notes)})" if self.notes else ""
-            )
+            return "no finalist could be compared with the baseline" + self._why()
         if self.winner == self.baseline:
             if self.best.ratio is not None and self.best.ratio < 1 and self.best.distinguishable:
                 return f"the baseline wins: the best finalist is {self.best.text}"
             if self.best.rounds < 2:  # no interval: nothing was measured either way; the notes say why
-                why = f" ({'; '.join(self.notes)})" if self.notes else ""
-                return f"{self.best.text}; the baseline stays, as nothing was shown to beat it{why}"
+                return f"{self.best.text}; the baseline stays, as nothing was shown to beat it{self._why()}"
             power, needed = self.sensitivity()
             if power is None or power >= SENSITIVE:
                 return f"{self.best.text}; vLLM's defaults are fine for this traffic"
@@ -286,6 +283,10 @@ class Verdict:
             )
         ties = f"; tied with {', '.join(self.tied_with)} (tie rule: {TIE_RULE})" if self.tied_with else ""
         return self.best.text + ties
+
+    def _why(self) -> str:
+        """The notes (why fewer rounds than planned, or none, were measured) as a parenthesis, or ""."""
+        return f" ({'; '.join(self.notes)})" if self.notes else ""
 
     def sensitivity(self) -> tuple[float | None, int | None]:
         """How well these rounds could have seen a gain: the computed chance that they declare a config
