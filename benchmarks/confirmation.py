@@ -14,8 +14,9 @@ table, once per seed, and judges two ways of spending the same engine time B aga
   trials): the same search until B - C is spent, C the config's reserve for the confirmation ((finalists
   + 1) x rounds x its estimate of one re-measurement, tuner.search.confirm_cost, +
   tuner.confirm.RESERVE_MARGIN), then the tool's confirmation on the trials that ran: its finalists
-  (tuner.confirm.finalists), its rotated rounds, its deadline rule (a round starts only if it ends
-  within B) and its verdict (tuner.verdict.decide: a finalist displaces the baseline only when its
+  (tuner.confirm.finalists), its rotated rounds, its deadline rule (a round starts only if the time left
+  holds tuner.confirm.ROUND_START_SHARE of its estimate; one that runs past B is cut there and not
+  counted) and its verdict (tuner.verdict.decide: a finalist displaces the baseline only when its
   interval excludes 1). A re-measurement is one of the config's recorded repeats drawn from a stream of
   its own; it costs the drawn repeat's engine start, three of its steps and its teardown (the tool's
   model of a warm-started re-measurement), at most the whole repeat. A budget whose reserve leaves less
@@ -196,13 +197,14 @@ def confirm(
     """The tool's confirmation phase on the table: (the verdict's pick, engine s, rounds done, distinguishable).
 
     The tool's finalists (tuner.confirm.finalists) and baseline (the first trial: Optuna's enqueued one),
-    its rotated schedule, its deadline rule (a round starts only if it ends within the budget, each
-    measurement estimated at the mean so far, `estimate_s` before the first) and its verdict
+    its rotated schedule, its deadline rule (a round starts only if the budget left holds ROUND_START_SHARE of its
+    estimate, each measurement at the mean so far, `estimate_s` before the first; a round that then runs
+    past the budget is cut at its end and not counted) and its verdict
     (tuner.verdict.decide). A measurement is a recorded repeat of the trial's config, drawn from a stream
     of its own.
     """
+    from tuner.confirm import ROUND_START_SHARE, schedule
     from tuner.confirm import finalists as tool_finalists
-    from tuner.confirm import schedule
     from tuner.selection import feasible_trials
     from tuner.verdict import Measurement, decide
 
@@ -218,19 +220,28 @@ def confirm(
     if chosen:
         for index, order in enumerate(schedule(ids, rounds)):
             each = statistics.fmean(durations) if durations else estimate_s
-            if spent + cost + each * len(order) > budget:
+            if spent + cost + each * len(order) * ROUND_START_SHARE > budget:
                 break
+            taken = []  # this round's, counted once the whole round is in
             for trial_id in order:
                 name = key(by_id[trial_id].params, table.names)
                 repeats = table.configs[name]["repeats"]
                 entry = repeats[random.Random(f"confirm|{seed}|{trial_id}|{index}").randrange(len(repeats))]
                 hi = entry.get("capacity_hi_rps_per_accel")
-                measured[trial_id].append(
+                durations.append(measurement_cost(entry))
+                if spent + cost + durations[-1] > budget:  # the budget's hard end: the round is not counted
+                    cost = budget - spent
+                    break
+                cost += durations[-1]
+                taken.append(
                     Measurement(float(entry[METRIC]), None if hi is None else float(hi), trial_id, round=index + 1)
                 )
-                durations.append(measurement_cost(entry))
-                cost += durations[-1]
-            done += 1
+            else:
+                for measurement in taken:
+                    measured[measurement.trial_id].append(measurement)
+                done += 1
+                continue
+            break
     verdict = decide(measured, baseline.trial_id, tie_key=tie_key, baseline_feasible=bool(feasible_trials([baseline])))
     return by_id[verdict.winner], cost, done, verdict.distinguishable
 

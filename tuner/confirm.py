@@ -100,6 +100,17 @@ def schedule(configs: Sequence[str], rounds: int) -> list[list[str]]:
 # ran 2 of 3 rounds (2.8 once), 4 of 5, or 4.9-5.0 of 6.
 RESERVE_MARGIN = 1.25
 
+# A round is started when the time left holds this share of its estimate (its measurements at the mean of
+# the confirmation's measurements so far). The budget's end is a hard one (a measurement still running then
+# is stopped and its round not counted), so a round started short risks only budget time that nothing else
+# would use, and when it ends in time the verdict gets its interval. In the embedded demo's recorded runs a
+# second round took 0.91 (2026-12-02), 0.69 and 0.79 (Ice Lake, 2026-12-06) of that estimate: a first
+# round can start from a trial's open bracket (the demo's finalist is often censored: the search ends at
+# its first pass), later rounds from closed ones. Once it took far more (a measurement that descended: 163 s
+# against 90). At the whole estimate the demo of 2026-12-06 16:05 did not start its second round, needing
+# 228 s with 216 s left, and gave no interval.
+ROUND_START_SHARE = 0.8
+
 
 @dataclass(frozen=True)
 class ConfirmCost:
@@ -396,13 +407,13 @@ def run_confirmation(
 ) -> ConfirmOutcome:
     """Measure the finalists and the baseline in `rounds` interleaved rounds and decide the verdict.
 
-    A round is started only if it can end before `deadline` (time.monotonic(); each measurement
-    estimated at `measurement_s`), and `deadline` is a hard end: a measurement still running then is
-    stopped (its trial time limit is the time left), and its round, no longer paired, is recorded but not
-    counted. With fewer than two rounds done there is no interval, and the verdict says so. With
-    `reference_step`, each measurement starts at the reference load and carries its latencies there (the
-    verdict's latency intervals). Each measurement is recorded as a nested MLflow run when `client` is
-    given.
+    A round is started only if the time left before `deadline` (time.monotonic()) holds ROUND_START_SHARE
+    of its estimate (each measurement at the mean so far, `measurement_s` before the first), and `deadline`
+    is a hard end: a measurement still running then is stopped (its trial time limit is the time left),
+    and its round, no longer paired, is recorded but not counted. With fewer than two rounds done there is
+    no interval, and the verdict says so. With `reference_step`, each measurement starts at the reference
+    load and carries its latencies there (the verdict's latency intervals). Each measurement is recorded as a
+    nested MLflow run when `client` is given.
     """
     began = time.monotonic()
     chosen = finalists(trials, baseline, count)
@@ -424,14 +435,21 @@ def run_confirmation(
     for index, order in enumerate(schedule(ids, rounds)):
         each_s = sum(durations) / len(durations) if durations else measurement_s
         now = time.monotonic()
-        if deadline is not None and now + each_s * len(order) > deadline:
+        need = each_s * len(order)
+        if deadline is not None and now + need * ROUND_START_SHARE > deadline:
             notes.append(
                 f"the time budget allowed {done} of {rounds} confirmation rounds (a round of {len(order)} "
-                f"measurements takes about {each_s * len(order) / 60:.1f} min at {each_s:.0f}s each; "
+                f"measurements takes about {need / 60:.1f} min at {each_s:.0f}s each; "
                 f"{max(deadline - now, 0.0) / 60:.1f} min were left)"
             )
             break
-        progress(f"confirmation round {index + 1}/{rounds}: {', '.join(order)}")
+        short = (
+            f" (about {need / 60:.1f} min at {each_s:.0f}s a measurement, {(deadline - now) / 60:.1f} min left: "
+            "stopped at the time budget's end if it runs over)"
+            if deadline is not None and now + need > deadline
+            else ""
+        )
+        progress(f"confirmation round {index + 1}/{rounds}: {', '.join(order)}{short}")
         taken: list[Measurement] = []  # this round's, counted once the whole round is in
         for trial_id in order:
             trial = by_id[trial_id]

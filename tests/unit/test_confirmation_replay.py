@@ -308,3 +308,36 @@ def test_a_config_measured_at_the_baselines_load_is_not_beyond_it(tmp_path):
     assert all(r["reached"] for r in runs)
     assert search_cost.above(40.5, 40.0) and not search_cost.above(40.1, 40.0) and search_cost.above(0.1, 0.0)
     assert search_cost.above(1.0, -float("inf")) and not search_cost.above(39.0, 40.0)
+
+
+def test_the_replay_starts_a_round_as_the_tool_does_and_cuts_it_at_the_budget_s_end(tmp_path):
+    """The replay's confirmation keeps the tool's round rule: a round starts when the time left holds
+    ROUND_START_SHARE of its estimate, and one that runs past the budget is cut at its end and not counted
+    (its engine time is the budget's, no more)."""
+    from tuner.confirm import ROUND_START_SHARE
+    from tuner.recorded import TrialRow
+
+    setup = search_cost._setup()
+    table = search_cost.load_table(_table(tmp_path, lambda p: 20.0), "bundled", setup)
+    metrics = {search_cost.METRIC: 20.0, "capacity_hi_rps_per_accel": 22.0}
+    rows = [
+        TrialRow("t0", "", "completed", params=BASELINE, metrics=metrics),
+        TrialRow("t1", "", "completed", params={**BASELINE, "max_num_seqs": 32}, metrics={**metrics}),
+    ]
+
+    def confirm(rounds: int, budget: float) -> tuple[float, int]:
+        _, cost, done, _ = confirmation.confirm(
+            table, rows, finalists=1, rounds=rounds, seed=3, spent=100.0, budget=100.0 + budget, estimate_s=70.0
+        )
+        return cost, done
+
+    one, _ = confirm(1, 1e6)
+    both, done = confirm(2, 1e6)
+    second = both - one
+    assert done == 2 and 0.8 < second / one < 1.25
+    # Round 2 started with all but 1 s of what it takes: cut at the budget's end, not counted.
+    assert confirm(2, both - 1) == (pytest.approx(both - 1), 1)
+    # Round 2 started with its share of the estimate (round 1's pace) left: started, cut, not counted.
+    assert confirm(2, one + ROUND_START_SHARE * one + 1) == (pytest.approx(one + ROUND_START_SHARE * one + 1), 1)
+    # Less than that share left: not started; the time left is not spent.
+    assert confirm(2, one + ROUND_START_SHARE * one - 1) == (pytest.approx(one), 1)

@@ -528,6 +528,42 @@ def test_the_budget_s_end_stops_a_measurement_that_runs_over_and_its_round_is_no
     assert [m.capacity for v in outcome.measurements.values() for m in v] == [0.0, 0.0]
 
 
+def test_a_round_is_started_when_the_time_left_holds_most_of_its_estimate(monkeypatch):
+    """The embedded demo on an Ice Lake Xeon (2026-12-06 16:05): round 1 took 104 and 124 s, so round 2 was
+    estimated at 228 s; with 216 s left it was not started, and the verdict had no interval. A round is now
+    started when the time left holds ROUND_START_SHARE of its estimate (the budget's end stays hard), and
+    the progress line says it may be cut; with less than that share left it is still not started."""
+    import types
+
+    import tuner.confirm
+    from tuner.confirm import ROUND_START_SHARE
+
+    clock = [0.0]
+    monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    durations: list[float] = []
+
+    def measure(context, params, trial_id):
+        clock[0] += durations.pop(0)
+        return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
+
+    lines: list[str] = []
+    durations[:] = [104.0, 124.0, 83.0, 64.0]  # round 2 as it took at 16:52 (0.64 of the estimate)
+    outcome = _confirm_pair(measure, rounds=2, deadline=444.0, measurement_s=105.0, progress=lines.append)
+    assert outcome.rounds_done == 2 and outcome.notes == [] and clock[0] == 375.0
+    assert "confirmation round 2/2: base, fast (about 3.8 min at 114s a measurement, 3.6 min left: stopped" in (
+        "\n".join(lines)
+    )
+    assert "round 1/2: fast, base\n" in "\n".join(lines) + "\n", "a round that fits says nothing of a cut"
+    # Just short of the share: not started, and the note says what a round takes and what was left.
+    clock[0], durations[:] = 0.0, [104.0, 124.0]
+    short = _confirm_pair(measure, rounds=2, deadline=228.0 + 228.0 * ROUND_START_SHARE - 1, measurement_s=105.0)
+    assert short.rounds_done == 1 and durations == []
+    assert short.notes == [
+        "the time budget allowed 1 of 2 confirmation rounds (a round of 2 measurements takes about 3.8 min at "
+        "114s each; 3.0 min were left)"
+    ]
+
+
 def test_a_round_whose_next_measurement_has_no_time_left_is_not_counted_and_the_verdict_says_why(monkeypatch):
     """Round 2 fits its estimate, but its first measurement takes all the time left and finishes at the
     budget's end: the second is not started, the round (half a pair) is not counted, and the verdict's text
