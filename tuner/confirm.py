@@ -104,7 +104,7 @@ RESERVE_MARGIN = 1.25
 # the confirmation's measurements so far). The budget's end is a hard one (a measurement still running then
 # is stopped and its round not counted), so a round started short risks only budget time that nothing else
 # would use, and when it ends in time the verdict gets its interval. In the embedded demo's recorded runs a
-# second round took 0.91 (2026-12-02), 0.69 and 0.79 (Ice Lake, 2026-12-06) of that estimate: a first
+# second round took 0.91 (2026-12-02), 0.69, 0.79, 0.98 and 0.79 (Ice Lake, 2026-12-06) of that estimate: a first
 # round can start from a trial's open bracket (the demo's finalist is often censored: the search ends at
 # its first pass), later rounds from closed ones. Once it took far more (a measurement that descended: 163 s
 # against 90). At the whole estimate the demo of 2026-12-06 16:05 did not start its second round, needing
