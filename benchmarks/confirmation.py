@@ -197,14 +197,14 @@ def confirm(
     """The tool's confirmation phase on the table: (the verdict's pick, engine s, rounds done, distinguishable).
 
     The tool's finalists (tuner.confirm.finalists) and baseline (the first trial: Optuna's enqueued one),
-    its rotated schedule, its deadline rule (a round starts only if the budget left holds ROUND_START_SHARE of its
-    estimate, each measurement at the mean so far, `estimate_s` before the first; a round that then runs
-    past the budget is cut at its end and not counted) and its verdict
+    its rotated schedule, its deadline rule (tuner.confirm.round_starts: a round starts only if the budget
+    left holds ROUND_START_SHARE of its estimate, each measurement at the mean so far, `estimate_s` before
+    the first; a round that then runs past the budget is cut at its end and not counted) and its verdict
     (tuner.verdict.decide). A measurement is a recorded repeat of the trial's config, drawn from a stream
     of its own.
     """
-    from tuner.confirm import ROUND_START_SHARE, schedule
     from tuner.confirm import finalists as tool_finalists
+    from tuner.confirm import round_starts, schedule
     from tuner.selection import feasible_trials
     from tuner.verdict import Measurement, decide
 
@@ -220,7 +220,7 @@ def confirm(
     if chosen:
         for index, order in enumerate(schedule(ids, rounds)):
             each = statistics.fmean(durations) if durations else estimate_s
-            if spent + cost + each * len(order) * ROUND_START_SHARE > budget:
+            if not round_starts(budget - spent - cost, each * len(order)):
                 break
             taken = []  # this round's, counted once the whole round is in
             for trial_id in order:

@@ -112,6 +112,11 @@ RESERVE_MARGIN = 1.25
 ROUND_START_SHARE = 0.8
 
 
+def round_starts(left_s: float, need_s: float) -> bool:
+    """Whether a round estimated at `need_s` starts with `left_s` of the budget left (ROUND_START_SHARE)."""
+    return need_s * ROUND_START_SHARE <= left_s
+
+
 @dataclass(frozen=True)
 class ConfirmCost:
     """Estimated engine seconds of one confirmation measurement, how many the rounds take, and the time
@@ -436,7 +441,7 @@ def run_confirmation(
         each_s = sum(durations) / len(durations) if durations else measurement_s
         now = time.monotonic()
         need = each_s * len(order)
-        if deadline is not None and now + need * ROUND_START_SHARE > deadline:
+        if deadline is not None and not round_starts(deadline - now, need):
             notes.append(
                 f"the time budget allowed {done} of {rounds} confirmation rounds (a round of {len(order)} "
                 f"measurements takes about {need / 60:.1f} min at {each_s:.0f}s each; "
