@@ -236,12 +236,11 @@ def confirm(
                 taken.append(
                     Measurement(float(entry[METRIC]), None if hi is None else float(hi), trial_id, round=index + 1)
                 )
-            else:
-                for measurement in taken:
-                    measured[measurement.trial_id].append(measurement)
-                done += 1
-                continue
-            break
+            if len(taken) < len(order):  # cut at the budget's end
+                break
+            for measurement in taken:
+                measured[measurement.trial_id].append(measurement)
+            done += 1
     verdict = decide(measured, baseline.trial_id, tie_key=tie_key, baseline_feasible=bool(feasible_trials([baseline])))
     return by_id[verdict.winner], cost, done, verdict.distinguishable
 
