@@ -432,7 +432,13 @@ def run_capacity_search(
         runner.close()
 
 
-def measure_on_ray(context: TrialContext, params: dict[str, Any], trial_id: str) -> dict[str, Any]:
-    """One capacity search of `params` on a fresh pool started from this process: its final result."""
+def measure_on_ray(
+    context: TrialContext,
+    params: dict[str, Any],
+    trial_id: str,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One capacity search of `params` on a fresh pool started from this process: its final result
+    (`on_step` gets every step's, as it ends)."""
     runner = TrialRunner(context, params, driver_pool_factory(context), trial_id=trial_id)
-    return run_capacity_search(runner)[-1]
+    return run_capacity_search(runner, on_step)[-1]

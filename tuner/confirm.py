@@ -5,8 +5,9 @@ round to round, so drift on a shared machine hits them alike. A measurement is a
 warm-started from a bracket (its first load is the bracket's lower end, its climb factor the bracket's
 width), not a new climb from the reference load: the trial's bracket in the first round, then the
 latest closed bracket of that config's confirmation. Every measurement is a nested MLflow run
-(`run_kind=confirm`, `confirms_trial`, `trial_status`) under the search's parent run; `tuner.verdict`
-turns the rounds into the verdict.
+(`run_kind=confirm`, `confirms_trial`, `trial_status`) under the search's parent run, with every load
+step's metrics at its step number, as a trial's run has them; `tuner.verdict` turns the rounds into the
+verdict.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tuner.capacity import CapacityPlan
 from tuner.recorded import TrialRow
 from tuner.selection import feasible_trials, highest_capacity
 from tuner.space import matches_baseline
-from tuner.tracking import capacity_text, close_confirm_run, open_confirm_run
+from tuner.tracking import capacity_text, close_confirm_run, log_confirm_step, open_confirm_run, step_text
 from tuner.verdict import REFERENCE_LATENCIES, Measurement, Verdict, decide
 from tuner.vocabulary import FEASIBLE_STATUSES, STATUS_REASON_TAG, STATUS_TAG, TrialStatus
 
@@ -382,8 +383,15 @@ class ConfirmOutcome:
     notes: list[str]
 
 
-# (context, params, trial id) -> the final result of one capacity search on a fresh pool
-Measure = Callable[["TrialContext", dict[str, Any], str], dict[str, Any]]
+# (context, params, trial id, on_step) -> the final result of one capacity search on a fresh pool; on_step,
+# when given, is called with each step's result as it ends (the final one included)
+Measure = Callable[["TrialContext", dict[str, Any], str, "Callable[[dict[str, Any]], None] | None"], dict[str, Any]]
+
+
+def _without_unmeasured(result: dict[str, Any], reference_step: bool) -> dict[str, Any]:
+    """`result` without the reference-load latencies when the measurement had no step there (they are only
+    the penalty then)."""
+    return result if reference_step else {k: v for k, v in result.items() if k not in REFERENCE_LATENCIES}
 
 
 def _cut_note(round_: int, trial_id: str, taken: Sequence[Measurement], *, started: bool) -> str:
@@ -478,9 +486,18 @@ def run_confirmation(
                 if client is not None
                 else ""
             )
+
+            def log_step(
+                step: dict[str, Any], run_id: str = run_id, label: str = f"{trial_id} (round {index + 1})"
+            ) -> None:
+                if step.get(STATUS_TAG) != TrialStatus.INFEASIBLE:
+                    progress(f"  confirm {label} {step_text(step)}")
+                if client is not None and not step.get("done"):  # the last one is the outcome: logged below
+                    log_confirm_step(client, run_id, _without_unmeasured(step, reference_step))
+
             measuring = time.monotonic()
             try:
-                result = measure(round_context, dict(trial.params), f"confirm{index + 1}-{trial_id}")
+                result = measure(round_context, dict(trial.params), f"confirm{index + 1}-{trial_id}", log_step)
             except BaseException:
                 if client is not None:
                     reason = "the search ended during this measurement"
@@ -500,8 +517,7 @@ def run_confirmation(
                 break
             capacity = float(result.get("capacity_rps_per_accel", 0.0)) if status != TrialStatus.INFEASIBLE else 0.0
             hi = result.get("capacity_hi_rps_per_accel")
-            if not reference_step:  # no step at the reference load: its latencies are only the penalty
-                result = {k: v for k, v in result.items() if k not in REFERENCE_LATENCIES}
+            result = _without_unmeasured(result, reference_step)
             reference = {
                 k: float(result[k])
                 for k in REFERENCE_LATENCIES

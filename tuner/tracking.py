@@ -217,6 +217,30 @@ def measurable(result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def step_text(result: dict[str, Any]) -> str:
+    """One load step, as the progress lines show it: "step N PHASE Fx (R rps): pass|FAIL ..." with its
+    headroom, latencies, token rate and, when a replica failed, the health counters."""
+    metrics = measurable(result)
+    step = int(metrics.get("load_step", result.get("training_iteration", 0)))
+    verdict = "pass" if metrics.get("slo_pass") else "FAIL"
+    if metrics.get("overloaded"):
+        verdict += f" (TTFT grew {metrics.get('ttft_growth', 0):.2f} s/s: not sustainable)"
+    health = ""
+    if metrics.get("replica_failures") or metrics.get("false_alarms"):
+        health = (
+            f"  | {metrics.get('replica_failures', 0):.0f} replica(s) declared dead, detected in "
+            f"{metrics.get('detection_s', 0):.1f}s, {metrics.get('false_alarms', 0):.0f} false "
+            f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
+            f"{metrics.get('lost_requests', 0):.0f} lost"
+        )
+    return (
+        f"step {step} {result.get('phase', '')} {metrics.get('load_factor', 0):.3g}x "
+        f"({metrics.get('arrival_rps', 0):.2f} rps): {verdict}  headroom "
+        f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
+        f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s" + health
+    )
+
+
 @dataclass
 class LiveTrial:
     """What the tracker knows of a trial while results stream in (mutable, the tracker's own); `row()` is
@@ -384,23 +408,7 @@ class TrialTracker:
         if outcome.status == TrialStatus.INFEASIBLE:
             self.say(f"  {trial_id} infeasible: {outcome.reason}")
             return
-        verdict = "pass" if metrics.get("slo_pass") else "FAIL"
-        if metrics.get("overloaded"):
-            verdict += f" (TTFT grew {metrics.get('ttft_growth', 0):.2f} s/s: not sustainable)"
-        health = ""
-        if metrics.get("replica_failures") or metrics.get("false_alarms"):
-            health = (
-                f"  | {metrics.get('replica_failures', 0):.0f} replica(s) declared dead, detected in "
-                f"{metrics.get('detection_s', 0):.1f}s, {metrics.get('false_alarms', 0):.0f} false "
-                f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
-                f"{metrics.get('lost_requests', 0):.0f} lost"
-            )
-        self.say(
-            f"  {trial_id} step {step} {result.get('phase', '')} {metrics.get('load_factor', 0):.3g}x "
-            f"({metrics.get('arrival_rps', 0):.2f} rps): {verdict}  headroom "
-            f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
-            f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s" + health
-        )
+        self.say(f"  {trial_id} {step_text(result)}")
         for key in ("replica_nodes",):
             if isinstance(result.get(key), str) and result[key]:
                 self.client.set_tag(outcome.run_id, key, result[key])
@@ -551,13 +559,22 @@ def open_confirm_run(client, experiment: str, parent: str, trial_id: str, round_
     return str(run.info.run_id)
 
 
-def close_confirm_run(client, run_id: str, result: dict[str, Any] | None, status: TrialStatus, reason: str) -> None:
-    """A confirmation measurement's final metrics (when it ended with a result), status and reason."""
+def log_confirm_step(client, run_id: str, result: dict[str, Any]) -> None:
+    """One load step of a confirmation measurement: its metrics at its step number (`load_step`), as a
+    trial's run has them, so each step of a re-measurement can be read back."""
     from mlflow.entities import Metric
 
+    metrics = measurable(result)
+    step = int(metrics.get("load_step", 0))
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+
+
+def close_confirm_run(client, run_id: str, result: dict[str, Any] | None, status: TrialStatus, reason: str) -> None:
+    """A confirmation measurement's status and reason, and its outcome's metrics (at its step) when it
+    ended with a result."""
     if result is not None:
-        now = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in measurable(result).items()])
+        log_confirm_step(client, run_id, result)
     client.set_tag(run_id, STATUS_TAG, status.value)
     client.set_tag(run_id, STATUS_REASON_TAG, reason[:5000])
     client.set_terminated(run_id, "FAILED" if status == TrialStatus.INFEASIBLE else "FINISHED")

@@ -222,6 +222,9 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
         )
         assert not cut or any("time budget ended" in note for note in verdict["notes"]), verdict["notes"]
         assert {r.data.tags["confirms_trial"] for r in confirms} == set(verdict["measurements"])
+        for run in counted:  # every load step of a re-measurement, at its step number, as a trial's run has them
+            history = client.get_metric_history(run.info.run_id, "offered_rps")
+            assert sorted(m.step for m in history) == list(range(1, int(run.data.metrics["load_step"]) + 1))
         assert verdict["ci_low"] is None or verdict["ci_low"] <= (verdict["ratio"] or 0) <= (verdict["ci_high"] or 1e9)
         # reference_step: every measurement stepped at the reference load first, so each round measured the
         # latencies there (unless a request failed there), and the comparison carries their paired intervals.

@@ -191,7 +191,7 @@ def _declared(
         searched = _measure(plan, truth * draw(rng), rng)
         trials.append(_outcome(name, searched.capacity, searched.hi, truth=truth))
 
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         found = _measure(context.plan, params["truth"] * draw(rng), rng)
         result = {"capacity_rps_per_accel": found.capacity, "trial_status": "completed"}
         if found.hi is not None:
@@ -328,9 +328,9 @@ def test_a_confirmation_through_stand_in_engines_records_every_measurement(tmp_p
     from trainables.trial import TrialRunner, run_capacity_search
     from tuner.tracking import start_parent_run
 
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         engine = JumpEngine(params["jump"], noise_cv=0.02, seed=len(trial_id), tokens_per_s=5000, max_batch=64)
-        return run_capacity_search(TrialRunner(context, params, _factory([engine]), trial_id=trial_id))[-1]
+        return run_capacity_search(TrialRunner(context, params, _factory([engine]), trial_id=trial_id), on_step)[-1]
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
@@ -371,6 +371,16 @@ def test_a_confirmation_through_stand_in_engines_records_every_measurement(tmp_p
     assert all(math.isfinite(r.data.metrics["capacity_rps_per_accel"]) for r in confirms)
     assert all(0 < r.data.metrics["ref_ttft_p95_s"] < 0.5 for r in confirms), "measured at 1x, not the penalty"
     assert any(line.startswith("confirmation round 3/3") for line in lines)
+    for trial_id, round_ in (("fast", 1), ("base", 3)):  # each step as it ends, before the outcome's line
+        shown = [line for line in lines if line.startswith(f"  confirm {trial_id} (round {round_})")]
+        assert [line.split()[5] for line in shown[:-1]] == [str(n) for n in range(1, len(shown))], shown
+        assert len(shown) >= 4 and " step " not in shown[-1] and "capacity" in shown[-1], shown
+    for run in confirms:  # every load step, at its step number; the last one is the measurement's outcome
+        history = sorted(client.get_metric_history(run.info.run_id, "offered_rps"), key=lambda m: m.step)
+        steps = int(run.data.metrics["load_step"])
+        assert steps >= 3 and [m.step for m in history] == list(range(1, steps + 1))
+        capacity = client.get_metric_history(run.info.run_id, "capacity_rps_per_accel")
+        assert max(capacity, key=lambda m: m.step).value == run.data.metrics["capacity_rps_per_accel"]
 
 
 def test_without_a_reference_step_a_confirmation_records_no_reference_latency(tmp_path):
@@ -381,13 +391,19 @@ def test_without_a_reference_step_a_confirmation_records_no_reference_latency(tm
 
     base, winner = _outcome("base", 10, 20), _outcome("fast", 20, 40)
 
-    def measure(context, params, trial_id):
-        return {
+    def measure(context, params, trial_id, on_step=None):
+        first = {"load_step": 1, "capacity_rps_per_accel": 20.0, "ref_ttft_p95_s": 60.0, "trial_status": "running"}
+        final = {
+            "done": True,
+            "load_step": 2,
             "capacity_rps_per_accel": 20.0,
             "capacity_hi_rps_per_accel": 22.0,
             "ref_ttft_p95_s": 60.0,
             "trial_status": "completed",
         }
+        for step in (first, final):
+            on_step(step)
+        return final
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     parent = start_parent_run(client, "no-ref", run_name="search", params={}, tags={}, documents={})
@@ -409,6 +425,11 @@ def test_without_a_reference_step_a_confirmation_records_no_reference_latency(tm
     runs = client.search_runs([client.get_experiment_by_name("no-ref").experiment_id])
     confirms = [r for r in runs if r.data.tags.get("run_kind") == "confirm"]
     assert len(confirms) == 4 and all("ref_ttft_p95_s" not in r.data.metrics for r in confirms)
+    assert all(client.get_metric_history(r.info.run_id, "ref_ttft_p95_s") == [] for r in confirms), "in no step"
+    assert all(
+        sorted(m.step for m in client.get_metric_history(r.info.run_id, "capacity_rps_per_accel")) == [1, 2]
+        for r in confirms
+    )
 
 
 def _confirm_pair(measure, **settings):
@@ -423,7 +444,7 @@ def _confirm_pair(measure, **settings):
 
 
 def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         time.sleep(1.5)
         return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
 
@@ -452,7 +473,7 @@ def test_the_reserve_holds_every_planned_round_when_measurements_run_over_their_
     monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     durations = iter([104.0, 78.0, 98.0, 67.0, 104.0, 104.0])
 
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         clock[0] += next(durations)
         return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
 
@@ -499,7 +520,7 @@ def test_the_budget_s_end_stops_a_measurement_that_runs_over_and_its_round_is_no
     durations = iter([70.0, 70.0, 70.0, 163.0])  # round 1: fast, base; round 2: base, then fast descends
     limits: list[float | None] = []
 
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         limits.append(context.trial_timeout_s)
         took = next(durations)
         if context.trial_timeout_s is not None and took > context.trial_timeout_s:
@@ -542,7 +563,7 @@ def test_a_round_is_started_when_the_time_left_holds_most_of_its_estimate(monkey
     monkeypatch.setattr(tuner.confirm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     durations: list[float] = []
 
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         clock[0] += durations.pop(0)
         return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
 
@@ -577,7 +598,7 @@ def test_a_round_whose_next_measurement_has_no_time_left_is_not_counted_and_the_
     durations = iter([70.0, 70.0, 160.0])  # round 1: fast, base; round 2: base ends at 300 exactly
     measured: list[str] = []
 
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         measured.append(trial_id)
         clock[0] += next(durations)
         return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
@@ -608,7 +629,7 @@ def test_a_real_trial_runner_is_stopped_at_the_budget_s_end_and_recorded_as_stop
 
     engines: list[StandInEngine] = []
 
-    def measure(context, params, trial_id):
+    def measure(context, params, trial_id, on_step=None):
         engines.append(StandInEngine(tokens_per_s=3000))
         return run_capacity_search(TrialRunner(context, params, _factory(engines[-1:]), trial_id=trial_id))[-1]
 
@@ -644,7 +665,7 @@ def test_a_baseline_whose_trial_failed_is_never_the_recommendation_the_export_ca
 
     base, finalist = _outcome("base", 0, 10, status="infeasible"), _outcome("fast", 20, 22)
 
-    def measure(context, params, trial_id):  # both measure alike: no interval excludes 1
+    def measure(context, params, trial_id, on_step=None):  # both measure alike: no interval excludes 1
         return {"capacity_rps_per_accel": 20.0, "capacity_hi_rps_per_accel": 22.0, "trial_status": "completed"}
 
     outcome = run_confirmation(
