@@ -51,18 +51,20 @@ KEYS = (
 
 
 def search_steps(context: Any, params: dict[str, Any], trial_id: str) -> dict[str, Any]:
-    """One capacity search on a fresh pool started from the calling process: every step's figures, and
-    where the client ran (pid, niceness)."""
-    from trainables.trial import TrialRunner, driver_pool_factory, run_capacity_search
+    """One capacity search on a fresh pool started from the calling process (common.run_trial): every
+    step's figures, and where the client ran (pid, niceness)."""
+    if str(ROOT / "benchmarks") not in sys.path:  # a Ray worker starts without it
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from common import run_trial
 
     began = time.time()
-    results = run_capacity_search(TrialRunner(context, params, driver_pool_factory(context), trial_id=trial_id))
+    trial = run_trial(context, params, trial_id)
     return {
         "began": round(began, 1),
         "pid": os.getpid(),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "steps": [{k: r.get(k) for k in KEYS} for r in results],
-        "reason": results[-1].get("status_reason"),
+        "steps": [{k: step.get(k) for k in KEYS} for step in trial["steps"]],
+        "reason": trial["status_reason"],
     }
 
 
