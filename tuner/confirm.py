@@ -401,6 +401,113 @@ def _cut_note(round_: int, trial_id: str, taken: Sequence[Measurement], *, start
     return f"the time budget ended {what} {trial_id} in confirmation round {round_}: the round is not counted{kept}"
 
 
+@dataclass
+class _Rounds:
+    """What every measurement of a confirmation shares, and where each config's next one starts (the
+    trial's bracket, then the latest closed one). `run_round` measures one round's configs in order."""
+
+    context: TrialContext
+    by_id: Mapping[str, TrialRow]
+    measure: Measure
+    resolution: float
+    reference_step: bool
+    deadline: float | None
+    client: Any
+    experiment: str
+    parent_run_id: str
+    progress: Callable[[str], None]
+    start_from: dict[str, dict[str, float]]
+    durations: list[float] = field(default_factory=list)
+
+    def run_round(self, round_: int, order: Sequence[str]) -> tuple[list[Measurement], str]:
+        """Round `round_`'s measurements, in `order`, and why the round is cut ("" when it is whole): the
+        time budget ended before or during one of them."""
+        taken: list[Measurement] = []
+        for trial_id in order:
+            outcome = self._one(round_, trial_id, taken)
+            if isinstance(outcome, str):
+                return taken, outcome
+            taken.append(outcome)
+        return taken, ""
+
+    def _one(self, round_: int, trial_id: str, taken: Sequence[Measurement]) -> Measurement | str:
+        """One measurement of `trial_id` on a fresh pool, or why the budget's end cut the round there."""
+        context, client, progress = self.context, self.client, self.progress
+        trial = self.by_id[trial_id]
+        plan = warm_plan(
+            context.plan,
+            self.start_from[trial_id],
+            context.reference_rps,
+            self.resolution,
+            reference_first=self.reference_step,
+        )
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return _cut_note(round_, trial_id, taken, started=False)
+        # The budget's end is this measurement's time limit where it comes before the trials' own.
+        budget_binds = left is not None and (context.trial_timeout_s is None or left < context.trial_timeout_s)
+        round_context = dataclasses.replace(
+            context,
+            plan=plan,
+            seed=context.seed + 1000 * round_,
+            trial_timeout_s=left if budget_binds else context.trial_timeout_s,
+        )
+        run_id = (
+            open_confirm_run(client, self.experiment, self.parent_run_id, trial_id, round_, dict(trial.params))
+            if client is not None
+            else ""
+        )
+
+        def log_step(step: dict[str, Any]) -> None:
+            if step.get(STATUS_TAG) != TrialStatus.INFEASIBLE:
+                progress(f"  confirm {trial_id} (round {round_}) {step_text(step)}")
+            if client is not None and not step.get("done"):  # the last one is the outcome: logged below
+                log_confirm_step(client, run_id, _without_unmeasured(step, self.reference_step))
+
+        measuring = time.monotonic()
+        try:
+            result = self.measure(round_context, dict(trial.params), f"confirm{round_}-{trial_id}", log_step)
+        except BaseException:
+            if client is not None:
+                reason = "the search ended during this measurement"
+                close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, reason)
+            raise
+        elapsed = time.monotonic() - measuring
+        self.durations.append(elapsed)
+        status = TrialStatus(str(result.get(STATUS_TAG, TrialStatus.COMPLETED)))
+        if budget_binds and status == TrialStatus.INFEASIBLE and left is not None and elapsed >= left:
+            note = _cut_note(round_, trial_id, taken, started=True)
+            if client is not None:
+                close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, note)
+            progress(f"  confirm {trial_id} (round {round_}): stopped at the time budget's end, round not counted")
+            return note
+        capacity = float(result.get("capacity_rps_per_accel", 0.0)) if status != TrialStatus.INFEASIBLE else 0.0
+        hi = result.get("capacity_hi_rps_per_accel")
+        result = _without_unmeasured(result, self.reference_step)
+        reference = {
+            k: float(result[k])
+            for k in REFERENCE_LATENCIES
+            if status != TrialStatus.INFEASIBLE and k in result and float(result[k]) < context.penalty_latency_s
+        }
+        measurement = Measurement(
+            capacity,
+            float(hi) if hi is not None else None,
+            trial_id=trial_id,
+            run_id=run_id,
+            round=round_,
+            reference=reference,
+        )
+        if measurement.capacity > 0 and measurement.hi is not None:
+            self.start_from[trial_id] = {
+                "capacity_rps_per_accel": capacity,
+                "capacity_hi_rps_per_accel": measurement.hi,
+            }
+        if client is not None:
+            close_confirm_run(client, run_id, result, status, str(result.get(STATUS_REASON_TAG, "")))
+        progress(f"  confirm {trial_id} (round {round_}): {capacity_text(result, status)}")
+        return measurement
+
+
 def run_confirmation(
     *,
     context: TrialContext,
@@ -442,10 +549,21 @@ def run_confirmation(
         notes.append("no trial other than the baseline passed a load step: nothing to confirm")
         return ConfirmOutcome(decide(measured, baseline.trial_id, notes=notes), measured, 0.0, 0, notes)
     done = 0
-    durations: list[float] = []
-    # Where each config's next measurement starts: the trial's bracket, then the latest closed one.
-    start_from = {t: dict(by_id[t].metrics) for t in ids}
+    measurer = _Rounds(
+        context=context,
+        by_id=by_id,
+        measure=measure,
+        resolution=resolution,
+        reference_step=reference_step,
+        deadline=deadline,
+        client=client,
+        experiment=experiment,
+        parent_run_id=parent_run_id,
+        progress=progress,
+        start_from={t: dict(by_id[t].metrics) for t in ids},
+    )
     for index, order in enumerate(schedule(ids, rounds)):
+        durations = measurer.durations
         each_s = sum(durations) / len(durations) if durations else measurement_s
         now = time.monotonic()
         need = each_s * len(order)
@@ -463,87 +581,13 @@ def run_confirmation(
             else ""
         )
         progress(f"confirmation round {index + 1}/{rounds}: {', '.join(order)}{short}")
-        taken: list[Measurement] = []  # this round's, counted once the whole round is in
-        for trial_id in order:
-            trial = by_id[trial_id]
-            plan = warm_plan(
-                context.plan, start_from[trial_id], context.reference_rps, resolution, reference_first=reference_step
-            )
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                notes.append(_cut_note(index + 1, trial_id, taken, started=False))
-                break
-            # The budget's end is this measurement's time limit where it comes before the trials' own.
-            budget_binds = left is not None and (context.trial_timeout_s is None or left < context.trial_timeout_s)
-            round_context = dataclasses.replace(
-                context,
-                plan=plan,
-                seed=context.seed + 1000 * (index + 1),
-                trial_timeout_s=left if budget_binds else context.trial_timeout_s,
-            )
-            run_id = (
-                open_confirm_run(client, experiment, parent_run_id, trial_id, index + 1, dict(trial.params))
-                if client is not None
-                else ""
-            )
-
-            def log_step(
-                step: dict[str, Any], run_id: str = run_id, label: str = f"{trial_id} (round {index + 1})"
-            ) -> None:
-                if step.get(STATUS_TAG) != TrialStatus.INFEASIBLE:
-                    progress(f"  confirm {label} {step_text(step)}")
-                if client is not None and not step.get("done"):  # the last one is the outcome: logged below
-                    log_confirm_step(client, run_id, _without_unmeasured(step, reference_step))
-
-            measuring = time.monotonic()
-            try:
-                result = measure(round_context, dict(trial.params), f"confirm{index + 1}-{trial_id}", log_step)
-            except BaseException:
-                if client is not None:
-                    reason = "the search ended during this measurement"
-                    close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, reason)
-                raise
-            elapsed = time.monotonic() - measuring
-            durations.append(elapsed)
-            status = TrialStatus(str(result.get(STATUS_TAG, TrialStatus.COMPLETED)))
-            if budget_binds and status == TrialStatus.INFEASIBLE and left is not None and elapsed >= left:
-                note = _cut_note(index + 1, trial_id, taken, started=True)
-                if client is not None:
-                    close_confirm_run(client, run_id, None, TrialStatus.EARLY_STOPPED, note)
-                progress(
-                    f"  confirm {trial_id} (round {index + 1}): stopped at the time budget's end, round not counted"
-                )
-                notes.append(note)
-                break
-            capacity = float(result.get("capacity_rps_per_accel", 0.0)) if status != TrialStatus.INFEASIBLE else 0.0
-            hi = result.get("capacity_hi_rps_per_accel")
-            result = _without_unmeasured(result, reference_step)
-            reference = {
-                k: float(result[k])
-                for k in REFERENCE_LATENCIES
-                if status != TrialStatus.INFEASIBLE and k in result and float(result[k]) < context.penalty_latency_s
-            }
-            measurement = Measurement(
-                capacity,
-                float(hi) if hi is not None else None,
-                trial_id=trial_id,
-                run_id=run_id,
-                round=index + 1,
-                reference=reference,
-            )
-            taken.append(measurement)
-            if measurement.capacity > 0 and measurement.hi is not None:
-                start_from[trial_id] = {"capacity_rps_per_accel": capacity, "capacity_hi_rps_per_accel": measurement.hi}
-            text = capacity_text(result, status)
-            if client is not None:
-                close_confirm_run(client, run_id, result, status, str(result.get(STATUS_REASON_TAG, "")))
-            progress(f"  confirm {trial_id} (round {index + 1}): {text}")
-        else:
-            for measurement in taken:
-                measured[measurement.trial_id].append(measurement)
-            done += 1
-            continue
-        break  # the budget ended within this round
+        taken, cut = measurer.run_round(index + 1, order)
+        if cut:  # the budget ended within this round: its measurements are recorded, the round not counted
+            notes.append(cut)
+            break
+        for measurement in taken:
+            measured[measurement.trial_id].append(measurement)
+        done += 1
     # Fewer than 2 rounds done: the notes above say why (the budget; 1 round is not a valid setting), and
     # the verdict's text carries them.
     verdict = decide(

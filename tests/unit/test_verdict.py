@@ -443,6 +443,26 @@ def _confirm_pair(measure, **settings):
     return run_confirmation(**{**arguments, **settings})
 
 
+def test_each_measurement_starts_from_its_config_s_latest_closed_bracket():
+    """Round 1 starts from the trial's bracket; each later round from that config's latest closed one (a
+    measurement that passed nothing leaves the start where it was)."""
+    starts: dict[str, list[float]] = {"base": [], "fast": []}
+    readings = {
+        "base": iter([(12.0, 13.5, "completed"), (0.0, 9.0, "infeasible"), (11.0, 12.0, "completed")]),
+        "fast": iter([(24.0, 27.0, "completed"), (21.0, 23.0, "completed"), (22.0, 24.0, "completed")]),
+    }
+
+    def measure(context, params, trial_id, on_step=None):
+        config = trial_id.split("-", 1)[1]
+        starts[config].append(round(context.plan.start_factor * context.reference_rps, 6))
+        capacity, hi, status = next(readings[config])
+        return {"capacity_rps_per_accel": capacity, "capacity_hi_rps_per_accel": hi, "trial_status": status}
+
+    outcome = _confirm_pair(measure, rounds=3)
+    assert outcome.rounds_done == 3
+    assert starts == {"base": [10.0, 12.0, 12.0], "fast": [20.0, 24.0, 21.0]}
+
+
 def test_a_time_budget_too_short_for_a_second_round_says_there_is_no_interval():
     def measure(context, params, trial_id, on_step=None):
         time.sleep(1.5)
