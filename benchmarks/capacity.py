@@ -43,11 +43,11 @@ get the load it is offered?
   quantisation), the rank correlation of capacity with the host probe, the reference TPOT and the engine
   start time, and the spread left within back-to-back pairs of runs (as the confirmation pairs configs);
   and every `engines` series' split and pass table; and every `fidelity` series' repeats pooled by
-  settings and serving: the geometric-mean ratio tool/peer with its 95% t-interval (is the tool biased
-  against the peer, and is that known within 10%?) and each side's spread with the ratio of the two and
-  its 95% interval, from the F distribution and, as a check that assumes no normal spread, from the
-  repeats resampled in pairs within each series (does the tool repeat worse than the peer?). Written to
-  capacity_repeatability_spread.json.
+  settings and serving, over all machines and then per machine kind: the geometric-mean ratio tool/peer
+  with its 95% t-interval (is the tool biased against the peer, and is that known within 10%?) and each
+  side's spread with the ratio of the two and its 95% interval, from the F distribution and, as a check
+  that assumes no normal spread, from the repeats resampled in pairs within each series (does the tool
+  repeat worse than the peer?). Written to capacity_repeatability_spread.json.
 - `fidelity` measures two configs both ways, interleaved: the tool's trial (each serving given by
   `--servings`: vLLM's OpenAI server driven over HTTP by the tool's replay client, the default, and an
   in-process `AsyncLLM` in a Ray actor), and the peer: vLLM's OpenAI server started from the
@@ -331,7 +331,8 @@ def analyse(args: argparse.Namespace) -> None:
                 flush=True,
             )
     rows["fidelity_pooled"] = pooled_fidelity(results)
-    for key, row in rows["fidelity_pooled"].items():
+    rows["fidelity_pooled_by_kind"] = pooled_fidelity(results, by_kind=True)
+    for key, row in [*rows["fidelity_pooled"].items(), *rows["fidelity_pooled_by_kind"].items()]:
         print(f"fidelity, {_pooled_line(key, row)}", flush=True)
     ANALYSIS.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {ANALYSIS}", flush=True)
@@ -997,11 +998,12 @@ def bootstrap_sd_ratio(
     return [float(low), float(high)]
 
 
-def pooled_fidelity(results: dict[str, Any]) -> dict[str, Any]:
-    """Every recorded fidelity series' repeats, pooled by settings and serving over configs and sections:
-    each repeat's log ratio of the tool's capacity to the peer's (measured minutes apart), then
-    `paired_ratio`; and each side's spread over its repeats, then `spread_ratio`. A repeat with a
-    capacity of 0 on either side has no ratio and is left out."""
+def pooled_fidelity(results: dict[str, Any], *, by_kind: bool = False) -> dict[str, Any]:
+    """Every recorded fidelity series' repeats, pooled by settings and serving over configs and sections
+    (with `by_kind`, also by the machine kind each section was recorded on: `kind_label`): each repeat's
+    log ratio of the tool's capacity to the peer's (measured minutes apart), then `paired_ratio`; and each
+    side's spread over its repeats, then `spread_ratio`. A repeat with a capacity of 0 on either side has
+    no ratio and is left out."""
     groups: dict[str, list[float]] = {}
     series: dict[str, tuple[list[list[float]], list[list[float]]]] = {}
     for section, payload in results.items():
@@ -1013,6 +1015,8 @@ def pooled_fidelity(results: dict[str, Any]) -> dict[str, Any]:
                 if not side.startswith("tool:"):
                     continue
                 key = f"{payload['settings']} settings, {side.removeprefix('tool:')} serving"
+                if by_kind:
+                    key += f", {kind_label(payload.get('machine', {}))}"
                 groups.setdefault(key, []).extend(
                     math.log(r["capacity"] / p) for r, p in zip(runs, peer, strict=True) if r["capacity"] > 0 < p
                 )
@@ -1020,6 +1024,16 @@ def pooled_fidelity(results: dict[str, Any]) -> dict[str, Any]:
                 tool_series.append([r["capacity"] for r in runs])
                 peer_series.append(peer)
     return {key: {**paired_ratio(ratios), **spread_ratio(*series[key])} for key, ratios in groups.items()}
+
+
+def kind_label(machine: dict[str, Any]) -> str:
+    """The machine kind a section was recorded on, as `common.cpu_kind` tells kinds apart (the CPU model
+    and whether it computes bfloat16 natively): two kinds' capacities differ by up to 3x, so a spread or
+    ratio pooled over kinds can hide one kind's. Sections from before the kind was recorded say so."""
+    if "cpu_model" not in machine:
+        return "machine kind not recorded"
+    bf16 = "native bfloat16" if machine.get("bf16_native") else "no native bfloat16"
+    return f"{machine['cpu_model']} ({bf16})"
 
 
 def _pooled_line(key: str, row: dict[str, Any]) -> str:

@@ -392,6 +392,45 @@ def test_pooled_fidelity_pairs_each_repeat_within_its_config_and_pools_by_settin
     )
 
 
+def test_pooled_fidelity_by_kind_keeps_each_machine_kinds_repeats_apart():
+    """Pooled over kinds, one kind's slow tool run is diluted by another kind's steady pairs; by kind,
+    each kind's ratio and spread stand alone, and a section recorded before the kind was gives its own row."""
+    icelake = {"cpu_model": "Intel Xeon", "bf16_native": False, "cpus": 2}
+    epyc = {"cpu_model": "AMD EPYC", "bf16_native": True, "cpus": 2}
+    results = {
+        "fidelity_demo_a": {
+            **_fidelity_section("demo", one={"tool:openai-server": [5.0, 10.0], "peer": [10.0, 10.0]}),
+            "machine": icelake,
+        },
+        "fidelity_demo_b": {
+            **_fidelity_section("demo", one={"tool:openai-server": [10.0, 11.0], "peer": [10.0, 11.0]}),
+            "machine": epyc,
+        },
+        "fidelity_demo_c": {
+            **_fidelity_section("demo", two={"tool:openai-server": [9.0, 10.0], "peer": [10.0, 9.0]}),
+            "machine": icelake,
+        },
+        "fidelity_demo": _fidelity_section("demo", one={"tool:openai-server": [8.0, 8.0], "peer": [8.0, 8.0]}),
+    }
+    pooled = capacity.pooled_fidelity(results, by_kind=True)
+    intel = "demo settings, openai-server serving, Intel Xeon (no native bfloat16)"
+    assert set(pooled) == {
+        intel,
+        "demo settings, openai-server serving, AMD EPYC (native bfloat16)",
+        "demo settings, openai-server serving, machine kind not recorded",
+    }
+    logs = [math.log(0.5), 0.0, math.log(0.9), math.log(10 / 9)]
+    assert pooled[intel]["pairs"] == 4 and pooled[intel]["ratio"] == pytest.approx(math.exp(statistics.fmean(logs)))
+    assert pooled[intel]["sd_ratio"] == pytest.approx(
+        capacity.spread_ratio([[5.0, 10.0], [9.0, 10.0]], [[10.0, 10.0], [10.0, 9.0]])["sd_ratio"]
+    )
+    epyc_row = pooled["demo settings, openai-server serving, AMD EPYC (native bfloat16)"]
+    assert epyc_row["ratio"] == pytest.approx(1.0) and epyc_row["pairs"] == 2
+    # Over all kinds the same repeats are one row, the Intel's slow run diluted by the others' pairs.
+    everything = capacity.pooled_fidelity(results)["demo settings, openai-server serving"]
+    assert everything["pairs"] == 8 and everything["ratio"] > pooled[intel]["ratio"]
+
+
 def test_spread_ratio_pools_each_sides_spread_within_its_series_and_bounds_the_ratio():
     """Each side's SD of log capacity pooled within its series (two configs at different levels are not
     spread), the ratio tool/peer and its 95% interval from the F distribution."""
