@@ -1028,7 +1028,7 @@ def pooled_fidelity(results: dict[str, Any], *, by_kind: bool = False) -> dict[s
 
 def kind_label(machine: dict[str, Any]) -> str:
     """The machine kind a section was recorded on, as `common.cpu_kind` tells kinds apart (the CPU model
-    and whether it computes bfloat16 natively): two kinds' capacities differ by up to 3x, so a spread or
+    and whether it computes bfloat16 natively): capacities differ several-fold between kinds, so a spread or
     ratio pooled over kinds can hide one kind's. Sections from before the kind was recorded say so."""
     if "cpu_model" not in machine:
         return "machine kind not recorded"
