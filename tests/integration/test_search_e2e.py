@@ -17,6 +17,8 @@ import time
 import pytest
 from helpers import ENGINE_PATTERN, ROOT, leftover_processes, run_cli, still_running
 
+from tuner.capacity import same_capacity
+from tuner.selection import pareto_front
 from tuner.verdict import confirmation_lead
 
 pytestmark = pytest.mark.integration
@@ -177,20 +179,27 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     # this 20 requests/s step at 21.1 (send lag p99 0.37 s; 2-core AVX2 EPYC); the capacity is the measured rate.
     assert measured[0].value == pytest.approx(20.0, rel=0.1), "the step offered the load it was asked to"
 
-    # The front holds non-dominated, comparable trials only.
+    # The front holds non-dominated, comparable trials only: no member has another at least as fast at the
+    # reference load with a higher capacity, capacities that passed the same load (`same_capacity`) being a tie.
+    # Two trials that both failed the reference load report the same penalty latency there and may tie on
+    # capacity too: both stay (CI's run of 2026-12-07 failed an exact comparison on such a pair).
     front = pareto["trials"]
     assert front and all(row["status"] in ("completed", "early_stopped") for row in front)
     for a in front:
         for b in front:
-            better = (
-                b["metrics"]["capacity_rps_per_accel"] >= a["metrics"]["capacity_rps_per_accel"]
-                and b["metrics"]["ref_ttft_p95_s"] <= a["metrics"]["ref_ttft_p95_s"]
-            )
-            strictly = (
-                b["metrics"]["capacity_rps_per_accel"] > a["metrics"]["capacity_rps_per_accel"]
-                or b["metrics"]["ref_ttft_p95_s"] < a["metrics"]["ref_ttft_p95_s"]
-            )
-            assert not (better and strictly), "a front member is dominated"
+            cap_a, cap_b = a["metrics"]["capacity_rps_per_accel"], b["metrics"]["capacity_rps_per_accel"]
+            ttft_a, ttft_b = a["metrics"]["ref_ttft_p95_s"], b["metrics"]["ref_ttft_p95_s"]
+            faster = ttft_b < ttft_a and cap_b >= cap_a
+            higher = cap_b > cap_a and not same_capacity(cap_a, cap_b) and ttft_b <= ttft_a
+            assert not (faster or higher), ("a front member is dominated", a, b)
+    # ... and it is every such trial: the tool's own rule over the recorded comparable trials.
+    comparable = [
+        row for row in recorded["trials"] if row["status"] in ("completed", "early_stopped") and row["metrics"]
+    ]
+    objectives = [(o["metric"], o["mode"]) for o in pareto["objectives"]]
+    assert objectives == [("capacity_rps_per_accel", "max"), ("ref_ttft_p95_s", "min")]
+    expected = pareto_front([row["metrics"] for row in comparable], objectives)
+    assert sorted(row["trial_id"] for row in front) == sorted(comparable[i]["trial_id"] for i in expected)
 
     # The confirmation phase: the best trial and the baseline re-measured in 2 interleaved rounds, each a
     # nested confirm run; the verdict on the parent; confirmations never enter the trials or the front.
