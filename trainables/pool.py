@@ -406,8 +406,10 @@ async def start_ray_pool(
     """
     handles = [_create_actor(spec, placement_group, first_bundle + i, gpus_per_replica) for i in range(num_replicas)]
     hosts = [RayReplica(h) for h in handles]
+    starting = asyncio.gather(*(h.start.remote() for h in handles))
+    starting.add_done_callback(_read_outcome)
     try:
-        info = await asyncio.wait_for(asyncio.gather(*(h.start.remote() for h in handles)), start_timeout_s)
+        info = await asyncio.wait_for(starting, start_timeout_s)
     except BaseException as error:
         await asyncio.gather(*(r.shutdown(timeout_s=30) for r in hosts), return_exceptions=True)
         if isinstance(error, asyncio.TimeoutError):
@@ -429,6 +431,14 @@ async def start_ray_pool(
     pool = EnginePool(replicas, info, health=health, replace=replacement if replace else None)
     pool.start_monitor()
     return pool
+
+
+def _read_outcome(future: asyncio.Future) -> None:
+    """Read a finished future's outcome, so asyncio never logs it as unread. `wait_for` does not read the
+    gather it waits on when it is cancelled itself (a trial stopped at its time limit while its engines start):
+    Python 3.11 then printed "_GatheringFuture exception was never retrieved" and a traceback."""
+    if not future.cancelled():
+        future.exception()
 
 
 def proves_death(error: BaseException) -> bool:

@@ -92,3 +92,38 @@ def test_a_replica_error_fails_only_its_request():
 def test_an_empty_pool_is_refused():
     with pytest.raises(ValueError):
         EnginePool([])
+
+
+def test_a_pool_start_cut_by_the_trial_time_limit_leaves_nothing_for_asyncio_to_print(monkeypatch):
+    """A trial stopped at its time limit while its engines start (the confirmation at the budget's end) cancels
+    the start; asyncio then printed "_GatheringFuture exception was never retrieved" and a traceback on the
+    README's demo (2026-12-07), because `wait_for` never reads the gather it was waiting on."""
+    import gc
+
+    from trainables import pool as pool_module
+
+    class Method:
+        def __init__(self, make):
+            self.make = make
+
+        def remote(self, *args):
+            return self.make()
+
+    class Handle:  # a Ray actor handle whose engine start never ends
+        start = Method(lambda: asyncio.sleep(60))
+        shutdown = Method(lambda: asyncio.sleep(0))
+
+    async def no_kill(self):
+        return None
+
+    monkeypatch.setattr(pool_module, "_create_actor", lambda *args: Handle())
+    monkeypatch.setattr(pool_module.RayReplica, "kill", no_kill)
+    loop = asyncio.new_event_loop()
+    unread: list[str] = []
+    loop.set_exception_handler(lambda _, context: unread.append(context["message"]))
+    with pytest.raises(asyncio.TimeoutError):
+        starting = pool_module.start_ray_pool(None, 2, placement_group=None)  # type: ignore[arg-type]
+        loop.run_until_complete(asyncio.wait_for(starting, 0.2))
+    gc.collect()
+    loop.close()
+    assert unread == []
