@@ -132,7 +132,7 @@ def test_the_dry_run_prints_the_capacity_search_and_what_it_costs(tmp_path):
     assert "estimated engine time: about" in out and "when its capacity is near 4x" in out
     assert "confirmation: the best 1 config(s) and the baseline re-measured in 2 interleaved rounds" in out
     assert re.search(r"about \d+s each; [\d.]+ min set aside: the estimate \+25% so that the planned rounds fit", out)
-    assert re.search(r"of the 11 min budget, the search gets [\d.]+ min \(about \d of its 4 trials", out)
+    assert re.search(r"of the 10 min budget, the search gets [\d.]+ min \(about \d of its 4 trials", out)
     assert not (tmp_path / "m.db").exists()
     off = CliRunner().invoke(
         main, ["search", "--dry-run", "--no-confirm", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
