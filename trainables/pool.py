@@ -406,9 +406,9 @@ async def start_ray_pool(
     """
     handles = [_create_actor(spec, placement_group, first_bundle + i, gpus_per_replica) for i in range(num_replicas)]
     hosts = [RayReplica(h) for h in handles]
-    starting = asyncio.gather(*(h.start.remote() for h in handles))
-    starting.add_done_callback(_read_outcome)
     try:
+        starting = asyncio.gather(*(h.start.remote() for h in handles))
+        starting.add_done_callback(_read_outcome)
         info = await asyncio.wait_for(starting, start_timeout_s)
     except BaseException as error:
         await asyncio.gather(*(r.shutdown(timeout_s=30) for r in hosts), return_exceptions=True)
