@@ -175,8 +175,9 @@ def test_a_killed_and_resumed_short_search_records_every_trial_the_front_and_the
     first = client.get_metric_history(baseline[0].info.run_id, "offered_rps")
     assert first and first[0].value == pytest.approx(2 * 10.0, rel=0.01)
     measured = client.get_metric_history(baseline[0].info.run_id, "arrival_rps")
-    # Within 10%: with two replicas on two cores the replay client has no core of its own, and it once sent
-    # this 20 requests/s step at 21.1 (send lag p99 0.37 s; 2-core AVX2 EPYC); the capacity is the measured rate.
+    # Within 10%: with two replicas on two cores the replay client has no core of its own; the capacity is the
+    # measured rate. Until the client imported aiohttp with the trainable (not on this step's first request),
+    # it sent this step at 21.1 and at 16.1 (send lag p99 0.37 s and 1.23 s, the second in CI; 2-core AVX2 EPYC).
     assert measured[0].value == pytest.approx(20.0, rel=0.1), "the step offered the load it was asked to"
 
     # The front holds non-dominated, comparable trials only: no member has another at least as fast at the
