@@ -572,3 +572,13 @@ def test_trial_values_are_finite_and_within_penalty(
     assert all(math.isfinite(v) for v in m.values())
     assert all(0 <= m[f"ref_{x}_p95_s"] <= penalty for x in ("ttft", "tpot", "e2e"))
     assert m["capacity_censored"] == float(all(passes))
+
+
+def test_a_step_whose_client_sent_late_says_so_in_its_progress_line() -> None:
+    from tuner.tracking import step_text
+
+    step = {"load_step": 1, "load_factor": 1.0, "arrival_rps": 16.06, "slo_pass": 0.0, "slo_headroom": 0.5}
+    on_time = step_text({**step, "send_lag_p99_s": 0.004})
+    late = step_text({**step, "send_lag_p99_s": 1.2256})
+    assert "late" not in on_time and on_time.startswith("step 1 ")
+    assert late.startswith(on_time) and "the client sent late (send lag p99 1.23s)" in late
