@@ -218,7 +218,7 @@ def measurable(result: dict[str, Any]) -> dict[str, float]:
 
 
 # A replay client whose sends ran this late (p99) bunched the step's requests: the step measured burstier
-# arrivals than the trace's. The client keeps to 1.5-10 ms here (docs/benchmarks.md, "Overhead").
+# arrivals than the trace's. The client kept to 1.4-11 ms on 2026-12-07 (docs/benchmarks.md, "Overhead").
 LATE_SEND_S = 0.1
 
 
