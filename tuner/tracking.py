@@ -230,9 +230,9 @@ def step_text(result: dict[str, Any]) -> str:
     verdict = "pass" if metrics.get("slo_pass") else "FAIL"
     if metrics.get("overloaded"):
         verdict += f" (TTFT grew {metrics.get('ttft_growth', 0):.2f} s/s: not sustainable)"
-    health = ""
+    notes = ""
     if metrics.get("replica_failures") or metrics.get("false_alarms"):
-        health = (
+        notes = (
             f"  | {metrics.get('replica_failures', 0):.0f} replica(s) declared dead, detected in "
             f"{metrics.get('detection_s', 0):.1f}s, {metrics.get('false_alarms', 0):.0f} false "
             f"alarm(s), {metrics.get('retried_requests', 0):.0f} retried, "
@@ -240,12 +240,12 @@ def step_text(result: dict[str, Any]) -> str:
         )
     lag = metrics.get("send_lag_p99_s", 0.0)
     if lag > LATE_SEND_S:
-        health += f"  | the client sent late (send lag p99 {lag:.2f}s): burstier arrivals than the trace's"
+        notes += f"  | the client sent late (send lag p99 {lag:.2f}s): burstier arrivals than the trace's"
     return (
         f"step {step} {result.get('phase', '')} {metrics.get('load_factor', 0):.3g}x "
         f"({metrics.get('arrival_rps', 0):.2f} rps): {verdict}  headroom "
         f"{metrics.get('slo_headroom', 0):.2f}  ttft p95 {_fmt(metrics.get('ttft_p95_s'))}s  "
-        f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s" + health
+        f"tpot p95 {_fmt(metrics.get('tpot_p95_s'))}s  {metrics.get('output_tok_s', 0):.0f} tok/s" + notes
     )
 
 
