@@ -142,6 +142,8 @@ def main() -> None:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
+    from tuner.processes import worker_env
+
     results: dict = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -154,7 +156,7 @@ def main() -> None:
         include_dashboard=False,
         log_to_driver=False,
         _node_ip_address="127.0.0.1",
-        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
+        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING", **worker_env()}},  # priorities as in a search
     )
     try:
         results["ray_pool_1"] = asyncio.run(ray_pool(1))

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 OWNER_VAR = "VLLM_TUNER_OWNER"
+WORKER_NICENESS_VAR = "RAY_worker_niceness"
 
 # Ports for the servers we start (vLLM's, Ray Serve's HTTP proxy). A port the kernel hands out (bind to port
 # 0) lies in its ephemeral range, which every outgoing connection also draws from: Ray starting between our
@@ -30,6 +31,16 @@ EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 # When the file cannot be read: from Linux's default low to the top (other systems reach 65535).
 EPHEMERAL_DEFAULT = (32768, 65535)
 _PICK = random.SystemRandom()
+
+
+def worker_env() -> dict[str, str]:
+    """Environment that runs Ray's workers (a trial's replay client, its replicas, their vLLM servers and
+    engines, Ray Serve's replicas) at the driver's priority. Ray raises every worker's niceness by 15 and
+    leaves its driver and daemons at 0, so on a small machine each burst of the search's own driver or of
+    Ray's control plane took the CPU from the engines and the client under measurement, where the
+    confirmation's client (in the driver) kept its priority (docs/measurement.md, "Priority"). A user's own
+    RAY_worker_niceness wins."""
+    return {WORKER_NICENESS_VAR: os.environ.get(WORKER_NICENESS_VAR, "0")}
 
 
 def ephemeral_range() -> tuple[int, int]:

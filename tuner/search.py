@@ -39,7 +39,7 @@ from tuner.confirm import (
 )
 from tuner.errors import ConfigError, TrackingError
 from tuner.plan import rate_profile
-from tuner.processes import OWNER_VAR, wait_for_owned
+from tuner.processes import OWNER_VAR, wait_for_owned, worker_env
 from tuner.recorded import TrialRow
 from tuner.sampling import StepSample, sample_step
 from tuner.selection import pareto_front
@@ -412,11 +412,13 @@ def start_ray(address: str | None) -> None:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: our progress lines only
+    os.environ.update(worker_env())  # a local Ray's workers run at the driver's priority (worker_env)
     runtime_env = {
         "env_vars": {
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
             "TOKENIZERS_PARALLELISM": "false",
             OWNER_VAR: str(os.getpid()),  # every process of this search carries it (tuner.processes)
+            **worker_env(),  # and so do this search's workers on an existing cluster
         }
     }
     if address:

@@ -50,6 +50,7 @@ def serve_app(
     `replicas_log`, the child appends each deployment's replica states to it every 2 s (`replica_timeline`)."""
     from trainables.vllm_engine import start_pinned
     from tuner.peer import stop_group
+    from tuner.processes import worker_env
 
     log_path = work / f"ray-serve-{port}.log"
     env = {
@@ -58,6 +59,7 @@ def serve_app(
         "RAY_ADDRESS": "",
         "VLLM_LOGGING_LEVEL": "WARNING",
         "TOKENIZERS_PARALLELISM": "false",
+        **worker_env(),  # Serve's replicas and their engines at the client's priority, as in a search
     }
     with log_path.open("w") as log:
         argv = [sys.executable, "-m", "tuner.serve_stack", str(config), str(port)]

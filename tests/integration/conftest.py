@@ -14,12 +14,14 @@ def ray_local():
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
+    from tuner.processes import worker_env
+
     ray.init(
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
         _node_ip_address="127.0.0.1",
-        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
+        runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING", **worker_env()}},  # priorities as in a search
     )
     yield ray
     ray.shutdown()
