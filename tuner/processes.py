@@ -36,10 +36,9 @@ _PICK = random.SystemRandom()
 def worker_env() -> dict[str, str]:
     """Environment that runs Ray's workers (a trial's replay client, its replicas, their vLLM servers and
     engines, Ray Serve's replicas) at the driver's priority. Ray raises every worker's niceness by 15 and
-    leaves its driver and daemons at 0, so on a small machine each burst of the search's own driver or of
-    Ray's control plane took the CPU from the engines and the client under measurement, where the
-    confirmation's client (in the driver) kept its priority (docs/measurement.md, "Priority"). A user's own
-    RAY_worker_niceness wins."""
+    leaves its driver and daemons as they are, so on a small machine each busy process of the driver's
+    session took the CPU from a trial's replay client, where the confirmation's client (in the driver) kept
+    its priority (docs/measurement.md, "Priority"). A user's own RAY_worker_niceness wins."""
     return {WORKER_NICENESS_VAR: os.environ.get(WORKER_NICENESS_VAR, "0")}
 
 

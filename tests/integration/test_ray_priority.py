@@ -1,7 +1,7 @@
-"""The processes under measurement run at the driver's priority: Ray nices its workers by 15 (its driver and
-daemons stay at 0), which let any burst of the search's driver or of Ray's control plane take the CPU from a
-trial's engines and replay client on a small machine. A search's workers, on the Ray it starts and on an
-existing cluster, run at niceness 0 (tuner.processes.worker_env)."""
+"""A trial's replay client runs at the driver's priority: Ray nices its workers by 15 (its driver and daemons
+keep theirs), which let any busy process of the driver's session take the CPU from a trial's client (sends
+2.4 s late with two busy neighbours, docs/benchmarks.md). A search's workers, on the Ray it starts and on an
+existing cluster, keep the driver's niceness (tuner.processes.worker_env)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ def measure():
     found = (ray.get(niceness.remote()), ray.get(actor.niceness.remote()))
     ray.kill(actor)
     return found
+
+print("driver", os.nice(0), os.nice(0))
 """
 
 LOCAL = (
@@ -75,19 +77,21 @@ def _run(script: str) -> dict[str, tuple[int, ...]]:
     found = {}
     for line in result.stdout.splitlines():
         name, *values = line.split()
-        if name in ("plain", "search"):
+        if name in ("driver", "plain", "search"):
             found[name] = tuple(int(v) for v in values)
     return found
 
 
 def test_a_local_rays_workers_run_at_the_drivers_priority():
-    assert os.nice(0) == 0, "run the tests at niceness 0"
-    assert _run(LOCAL) == {"search": (0, 0)}
+    found = _run(LOCAL)
+    assert found["search"] == found["driver"], found
     assert leftover_processes(wait_s=30, pattern=LEAK_PATTERN) == []
 
 
 def test_a_searchs_workers_on_an_existing_cluster_run_at_the_drivers_priority():
     found = _run(CLUSTER)
-    assert found["plain"] == (15, 15), f"Ray's default worker niceness changed: {found}"
-    assert found["search"] == (0, 0), found
+    driver = found["driver"][0]
+    assert driver < 19, "a driver at niceness 19 cannot tell Ray's default from ours"
+    assert found["plain"] == (min(driver + 15, 19),) * 2, f"Ray's default worker niceness changed: {found}"
+    assert found["search"] == found["driver"], found
     assert leftover_processes(wait_s=30, pattern=LEAK_PATTERN) == []
